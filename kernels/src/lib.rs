@@ -1,0 +1,1 @@
+//! pace-kernels: the compute kernels behind pace's model.
