@@ -5,7 +5,27 @@
 //!
 //! Layout:
 //! - [`plan`]: the step plan and step output exchanged with the model runner.
+//! - [`request`]: what enters (a [`NewRequest`]) and leaves ([`Event`], [`Rejection`]).
+//! - [`scheduler`]: the shared mechanism, [`Scheduler`]: request states, budgets, block
+//!   allocation, preemption, bookkeeping. The engine calls `add`, `schedule`, `update`, `abort`.
+//! - [`block_pool`]: the KV block pool, block 0 reserved, O(1) allocate and free.
+//! - [`policy`]: the [`Policy`] seam and the three policies `fcfs`, `drop-late`, `smooth`.
+//! - [`cost`]: [`StepCostModel`], a step's duration from its [`StepShape`], refit online.
+//! - [`slo`]: metrics.md, once: TTFT/ITL/TPOT/E2E, binary SLOs, idle latency, benefit, windows.
+//! - [`sim`]: the discrete-event simulator behind `pace sim`.
 
+pub mod block_pool;
+pub mod cost;
 pub mod plan;
+pub mod policy;
+pub mod request;
+pub mod scheduler;
+pub mod sim;
+pub mod slo;
 
+pub use cost::{CostCoeffs, StepCostModel, StepShape};
 pub use plan::{BatchPlan, RequestId, SampledToken, SeqSlice, StepOutput};
+pub use policy::{Policy, POLICY_NAMES};
+pub use request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
+pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+pub use slo::{BinarySlo, Penalty, RequestRecord, SloClass, SloParams, WindowStats};

@@ -1,0 +1,44 @@
+//! `fcfs`: the baseline a vLLM user knows.
+//!
+//! Admission in arrival order (preempted requests first), decodes first, then prefill chunks of
+//! running and then waiting requests up to the step's token budget; when blocks run out, the
+//! newest running request is preempted (recompute). It never drops and never rejects beyond the
+//! mechanism's queue limits.
+
+use super::{Decisions, Grant, Policy, PolicyContext, SeqView};
+use crate::request::RejectReason;
+
+/// First come, first served.
+#[derive(Debug, Clone, Default)]
+pub struct Fcfs;
+
+impl Fcfs {
+    /// The policy.
+    pub fn new() -> Self {
+        Fcfs
+    }
+}
+
+impl Policy for Fcfs {
+    fn name(&self) -> &'static str {
+        "fcfs"
+    }
+
+    fn admit(&mut self, _req: &SeqView, _ctx: &PolicyContext<'_>) -> Result<(), (RejectReason, f64)> {
+        Ok(())
+    }
+
+    fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
+        fcfs_plan(ctx, out, |_| true);
+    }
+}
+
+/// The fcfs plan over the requests `keep` accepts (drop-late reuses it without its drops).
+pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl Fn(&SeqView) -> bool) {
+    let grant = |v: &SeqView, may_preempt| Grant { id: v.id, tokens: v.uncomputed(), may_preempt };
+    let live = |v: &&SeqView| v.uncomputed() > 0 && keep(v);
+    out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, true)));
+    out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() > 1).map(|v| grant(v, true)));
+    out.grants.extend(ctx.waiting.iter().filter(live).map(|v| grant(v, false)));
+    out.victims.extend(ctx.running.iter().rev().map(|v| v.id));
+}

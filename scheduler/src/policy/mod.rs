@@ -1,0 +1,159 @@
+//! The `Policy` seam: what a policy sees and what it may decide.
+//!
+//! A policy reads a [`PolicyContext`] (the running and waiting requests as plain [`SeqView`]s,
+//! free KV blocks, budgets, the step-cost model, the SLO parameters and `now`) and fills
+//! [`Decisions`]: drops, grants of tokens in priority order, and the order in which running
+//! requests may be preempted. The shared mechanism in [`crate::Scheduler`] carries them out
+//! (allocation, budget limits, preemption, bookkeeping) and never asks which policy runs.
+
+mod drop_late;
+mod fcfs;
+mod smooth;
+
+pub use drop_late::DropLate;
+pub use fcfs::Fcfs;
+pub use smooth::{Smooth, SmoothConfig};
+
+use crate::cost::StepCostModel;
+use crate::plan::RequestId;
+use crate::request::RejectReason;
+use crate::slo::{SloClass, SloParams};
+
+/// A read-only snapshot of one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SeqView {
+    /// The request.
+    pub id: RequestId,
+    /// Arrival time.
+    pub arrival: f64,
+    /// Its reading class.
+    pub class: SloClass,
+    /// Prompt tokens.
+    pub prompt_len: usize,
+    /// Known tokens: prompt plus generated output.
+    pub num_tokens: usize,
+    /// Tokens in the KV cache.
+    pub num_computed: usize,
+    /// Output tokens generated (and delivered) so far.
+    pub num_output: usize,
+    /// Most output tokens it can still reach in total: `min(max_tokens, max_model_len - prompt)`.
+    pub max_output: usize,
+    /// KV blocks held.
+    pub blocks_held: usize,
+    /// Engine time of its first output token, if any.
+    pub first_token_time: Option<f64>,
+    /// Engine time of its latest output token, if any.
+    pub last_token_time: Option<f64>,
+    /// Largest lateness of its tokens so far (0 if never late).
+    pub max_lateness: f64,
+    /// Times it was preempted.
+    pub num_preemptions: u32,
+}
+
+impl SeqView {
+    /// Tokens still to compute before it can sample its next token.
+    pub fn uncomputed(&self) -> usize {
+        self.num_tokens - self.num_computed
+    }
+
+    /// Deadline of its next output token.
+    pub fn next_deadline(&self) -> f64 {
+        self.class.deadline(self.arrival, self.num_output + 1)
+    }
+
+    /// Output tokens still to generate, at most.
+    pub fn remaining_output(&self) -> usize {
+        self.max_output.saturating_sub(self.num_output)
+    }
+}
+
+/// What a policy sees.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyContext<'a> {
+    /// Engine time.
+    pub now: f64,
+    /// Requests holding a place in the running batch, oldest admission first.
+    pub running: &'a [SeqView],
+    /// Requests waiting to (re)start, in queue order: preempted first, then by arrival.
+    pub waiting: &'a [SeqView],
+    /// KV blocks free.
+    pub free_blocks: usize,
+    /// KV blocks that can ever be handed out.
+    pub total_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most requests in the running batch.
+    pub max_num_seqs: usize,
+    /// Most tokens fed in one step.
+    pub max_batch_tokens: usize,
+    /// Predicted step durations.
+    pub cost: &'a StepCostModel,
+    /// Metric parameters.
+    pub slo: &'a SloParams,
+}
+
+impl PolicyContext<'_> {
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+}
+
+/// A grant of up to `tokens` tokens to one request this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The request (running or waiting).
+    pub id: RequestId,
+    /// Tokens wanted; the mechanism clamps to the uncomputed tokens, the step's token budget
+    /// and the blocks it can find.
+    pub tokens: usize,
+    /// When blocks run short, the mechanism may preempt requests from
+    /// [`Decisions::victims`] to serve this grant.
+    pub may_preempt: bool,
+}
+
+/// What a policy decided for one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decisions {
+    /// Requests to end now with reason `Dropped`.
+    pub drop: Vec<RequestId>,
+    /// Grants in priority order; earlier grants get budget and blocks first.
+    pub grants: Vec<Grant>,
+    /// Running requests that may be preempted, first choice first.
+    pub victims: Vec<RequestId>,
+}
+
+impl Decisions {
+    /// Empty the decisions, keeping capacity.
+    pub fn clear(&mut self) {
+        self.drop.clear();
+        self.grants.clear();
+        self.victims.clear();
+    }
+}
+
+/// A scheduling policy. Implementations decide; they never allocate blocks or touch requests.
+pub trait Policy: Send {
+    /// The name it is chosen by.
+    fn name(&self) -> &'static str;
+
+    /// Admission at the door, after the mechanism's own checks (length, queue limits).
+    /// `Err((reason, retry_after_s))` refuses the request before it produces anything.
+    fn admit(&mut self, req: &SeqView, ctx: &PolicyContext<'_>) -> Result<(), (RejectReason, f64)>;
+
+    /// Decide one step.
+    fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions);
+}
+
+/// Names accepted by [`by_name`].
+pub const POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
+
+/// A policy by name: `smooth`, `fcfs` or `drop-late`.
+pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    match name {
+        "smooth" => Some(Box::new(Smooth::new(SmoothConfig::default()))),
+        "fcfs" => Some(Box::new(Fcfs::new())),
+        "drop-late" => Some(Box::new(DropLate::new())),
+        _ => None,
+    }
+}

@@ -1,0 +1,661 @@
+//! The shared mechanism: request state, block allocation, budgets, preemption and bookkeeping.
+//!
+//! The engine loop is three calls (vLLM v1's contract):
+//!
+//! ```text
+//! plan   = scheduler.schedule(now)            // which requests, how many tokens each
+//! output = runner.execute(&plan)              // one forward over the ragged batch
+//! events = scheduler.update(&plan, &output, now)
+//! ```
+//!
+//! `update` must follow every `schedule` (with an empty output for an empty plan): besides the
+//! tokens of the step it returns the `Finished { Dropped }` events of requests the policy
+//! dropped while scheduling. If the step failed, call [`Scheduler::fail_step`] instead.
+//!
+//! A request has tokens computed (in the KV cache) and tokens known (prompt plus output). A step
+//! gives it some of the difference: the rest of a prompt in chunks, one decode token, or a
+//! recompute prefill over prompt and output after a preemption. `num_computed` advances when a
+//! slice is scheduled; the sampled token is appended in `update`.
+//!
+//! Every request is in exactly one state: waiting (never started, or preempted and waiting to
+//! recompute), running, or finished (then it is gone from here and listed once in the next plan's
+//! `released`). A finished request holds no block.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::block_pool::BlockPool;
+use crate::cost::{CostCoeffs, StepCostModel, StepShape};
+use crate::plan::{BatchPlan, RequestId, SeqSlice, StepOutput};
+use crate::policy::{self, Decisions, Policy, PolicyContext, SeqView};
+use crate::request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
+use crate::slo::{SloClass, SloParams};
+
+/// Sizes, budgets and metric parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks including the null block 0 (from what the runner reports).
+    pub num_kv_blocks: usize,
+    /// Most requests in the running batch.
+    pub max_num_seqs: usize,
+    /// Most tokens fed in one step.
+    pub max_batch_tokens: usize,
+    /// Longest sequence, prompt plus output.
+    pub max_model_len: usize,
+    /// Most requests waiting; beyond it `add` rejects with `QueueFull`.
+    pub max_queue_requests: usize,
+    /// Most uncomputed tokens waiting; beyond it `add` rejects with `QueueTokens`.
+    pub max_queue_tokens: usize,
+    /// SLO and smooth-goodput parameters (deadlines, penalty, binary SLO for drop-late).
+    pub slo: SloParams,
+    /// The step-cost model's starting coefficients (a preset, or a start-up profile).
+    pub cost_prior: CostCoeffs,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            num_kv_blocks: 1024,
+            max_num_seqs: 256,
+            max_batch_tokens: 2048,
+            max_model_len: 4096,
+            max_queue_requests: 4096,
+            max_queue_tokens: 4 << 20,
+            slo: SloParams::default(),
+            cost_prior: CostCoeffs {
+                base_s: 0.006,
+                per_prefill_token_s: 0.0016,
+                per_decode_seq_s: 0.0009,
+                per_kv_token_s: 2e-6,
+                per_attn_pair_s: 0.0,
+            },
+        }
+    }
+}
+
+/// Rejections by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectCounts {
+    /// Queue full.
+    pub queue_full: u64,
+    /// Queue tokens full.
+    pub queue_tokens: u64,
+    /// Predicted negative benefit.
+    pub predicted_late: u64,
+    /// Too long.
+    pub too_long: u64,
+    /// Malformed.
+    pub invalid: u64,
+}
+
+impl RejectCounts {
+    fn bump(&mut self, r: RejectReason) {
+        *match r {
+            RejectReason::QueueFull => &mut self.queue_full,
+            RejectReason::QueueTokens => &mut self.queue_tokens,
+            RejectReason::PredictedLate => &mut self.predicted_late,
+            RejectReason::TooLong => &mut self.too_long,
+            RejectReason::Invalid => &mut self.invalid,
+        } += 1;
+    }
+
+    /// All rejections.
+    pub fn total(&self) -> u64 {
+        self.queue_full + self.queue_tokens + self.predicted_late + self.too_long + self.invalid
+    }
+}
+
+/// Finishes by reason (rejections are in [`RejectCounts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishCounts {
+    /// Stop token or stop string.
+    pub stop: u64,
+    /// Length.
+    pub length: u64,
+    /// Client gone.
+    pub abort: u64,
+    /// Dropped by the policy.
+    pub dropped: u64,
+    /// Engine error.
+    pub error: u64,
+}
+
+impl FinishCounts {
+    fn bump(&mut self, r: FinishReason) {
+        match r {
+            FinishReason::Stop => self.stop += 1,
+            FinishReason::Length => self.length += 1,
+            FinishReason::Abort => self.abort += 1,
+            FinishReason::Dropped => self.dropped += 1,
+            FinishReason::Error => self.error += 1,
+            FinishReason::Rejected => {}
+        }
+    }
+}
+
+/// A snapshot for gauges.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerStats {
+    /// Policy name.
+    pub policy: String,
+    /// Requests in the running batch.
+    pub running: usize,
+    /// Requests waiting (preempted included).
+    pub waiting: usize,
+    /// Of those, preempted ones.
+    pub preempted_waiting: usize,
+    /// KV blocks handed out.
+    pub kv_blocks_used: usize,
+    /// KV blocks that can be handed out.
+    pub kv_blocks_total: usize,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    /// Rejections so far.
+    pub rejected: RejectCounts,
+    /// Finishes so far.
+    pub finished: FinishCounts,
+    /// Largest idle latency among live requests at the last call's time (engine clock).
+    pub max_idle_in_flight: f64,
+    /// Largest value `max_idle_in_flight` has had.
+    pub max_idle_in_flight_ever: f64,
+    /// Steps planned.
+    pub steps: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    id: RequestId,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_output: usize,
+    min_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    arrival: f64,
+    class: SloClass,
+    num_computed: usize,
+    blocks: Vec<u32>,
+    state: State,
+    first_token: Option<f64>,
+    last_token: Option<f64>,
+    max_lateness: f64,
+    num_preemptions: u32,
+    /// Step number this request was last given tokens in.
+    granted_in: u64,
+}
+
+impl Req {
+    fn num_output(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn view(&self) -> SeqView {
+        SeqView {
+            id: self.id,
+            arrival: self.arrival,
+            class: self.class,
+            prompt_len: self.prompt_len,
+            num_tokens: self.tokens.len(),
+            num_computed: self.num_computed,
+            num_output: self.num_output(),
+            max_output: self.max_output,
+            blocks_held: self.blocks.len(),
+            first_token_time: self.first_token,
+            last_token_time: self.last_token,
+            max_lateness: self.max_lateness,
+            num_preemptions: self.num_preemptions,
+        }
+    }
+
+    fn idle_at(&self, now: f64) -> f64 {
+        self.max_lateness.max(now - self.class.deadline(self.arrival, self.num_output() + 1)).max(0.0)
+    }
+}
+
+/// The scheduler: owns request state and the block pool; a [`Policy`] makes the decisions.
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    policy: Box<dyn Policy>,
+    pool: BlockPool,
+    cost: StepCostModel,
+    /// Longest sequence the pool and `max_model_len` both allow.
+    max_len: usize,
+    slots: Vec<Option<Req>>,
+    free_slots: Vec<usize>,
+    index: HashMap<RequestId, usize>,
+    running: Vec<usize>,
+    waiting: VecDeque<usize>,
+    /// Uncomputed tokens of waiting requests.
+    queued_tokens: usize,
+    released: Vec<RequestId>,
+    pending: Vec<Event>,
+    step: u64,
+    last_now: f64,
+    preemptions: u64,
+    rejected: RejectCounts,
+    finished: FinishCounts,
+    max_idle_ever: f64,
+    view_running: Vec<SeqView>,
+    view_waiting: Vec<SeqView>,
+    decisions: Decisions,
+}
+
+impl Scheduler {
+    /// A scheduler with `policy`.
+    ///
+    /// # Panics
+    /// If `block_size`, `max_num_seqs`, `max_batch_tokens` or `max_model_len` is zero.
+    pub fn new(cfg: SchedulerConfig, policy: Box<dyn Policy>) -> Self {
+        assert!(cfg.block_size > 0 && cfg.max_num_seqs > 0 && cfg.max_batch_tokens > 0 && cfg.max_model_len > 0);
+        let pool = BlockPool::new(cfg.num_kv_blocks.max(1));
+        let max_len = cfg.max_model_len.min(pool.capacity() * cfg.block_size);
+        Self {
+            cost: StepCostModel::new(cfg.cost_prior),
+            policy,
+            pool,
+            max_len,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: HashMap::new(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            queued_tokens: 0,
+            released: Vec::new(),
+            pending: Vec::new(),
+            step: 0,
+            last_now: 0.0,
+            preemptions: 0,
+            rejected: RejectCounts::default(),
+            finished: FinishCounts::default(),
+            max_idle_ever: 0.0,
+            view_running: Vec::new(),
+            view_waiting: Vec::new(),
+            decisions: Decisions::default(),
+            cfg,
+        }
+    }
+
+    /// A scheduler with the policy called `name` (`smooth`, `fcfs`, `drop-late`).
+    pub fn with_policy_name(cfg: SchedulerConfig, name: &str) -> Option<Self> {
+        policy::by_name(name).map(|p| Self::new(cfg, p))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// The step-cost model (to replace it with a profiled one, see [`Self::set_cost_model`]).
+    pub fn cost_model(&self) -> &StepCostModel {
+        &self.cost
+    }
+
+    /// Use `model`, for example one seeded by a start-up profile.
+    pub fn set_cost_model(&mut self, model: StepCostModel) {
+        self.cost = model;
+    }
+
+    /// Feed a measured step to the cost model.
+    pub fn observe_step(&mut self, shape: &StepShape, measured_secs: f64) {
+        self.cost.observe(shape, measured_secs);
+    }
+
+    /// True while any request is waiting or running, or events are pending.
+    pub fn has_unfinished(&self) -> bool {
+        !self.index.is_empty() || !self.pending.is_empty()
+    }
+
+    /// Admit `req` into the waiting queue, or refuse it.
+    pub fn add(&mut self, req: NewRequest, now: f64) -> Result<(), Rejection> {
+        self.last_now = self.last_now.max(now);
+        let result = self.check(&req, now);
+        if let Err(rej) = result {
+            self.rejected.bump(rej.reason);
+            return Err(rej);
+        }
+        let max_output = req.max_tokens.min(self.max_len - req.prompt.len());
+        let r = Req {
+            id: req.id,
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
+            max_output,
+            min_tokens: req.min_tokens,
+            stop_token_ids: req.stop_token_ids,
+            arrival: req.arrival,
+            class: req.class.unwrap_or(self.cfg.slo.default_class),
+            num_computed: 0,
+            blocks: Vec::new(),
+            state: State::Waiting,
+            first_token: None,
+            last_token: None,
+            max_lateness: 0.0,
+            num_preemptions: 0,
+            granted_in: u64::MAX,
+        };
+        self.queued_tokens += r.tokens.len();
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s] = Some(r);
+                s
+            }
+            None => {
+                self.slots.push(Some(r));
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(req.id, slot);
+        self.waiting.push_back(slot);
+        Ok(())
+    }
+
+    fn check(&mut self, req: &NewRequest, now: f64) -> Result<(), Rejection> {
+        let refuse = |reason, retry_after_s| Err(Rejection { reason, retry_after_s });
+        let class_ok = req.class.is_none_or(|c| c.reading_rate > 0.0 && c.reading_rate.is_finite() && c.grace >= 0.0);
+        if req.prompt.is_empty()
+            || req.max_tokens == 0
+            || !req.arrival.is_finite()
+            || !class_ok
+            || self.index.contains_key(&req.id)
+        {
+            return refuse(RejectReason::Invalid, 0.0);
+        }
+        if req.prompt.len() >= self.max_len {
+            return refuse(RejectReason::TooLong, 0.0);
+        }
+        if self.waiting.len() >= self.cfg.max_queue_requests {
+            return refuse(RejectReason::QueueFull, self.queue_drain_estimate());
+        }
+        if self.queued_tokens + req.prompt.len() > self.cfg.max_queue_tokens {
+            return refuse(RejectReason::QueueTokens, self.queue_drain_estimate());
+        }
+        let view = SeqView {
+            id: req.id,
+            arrival: req.arrival,
+            class: req.class.unwrap_or(self.cfg.slo.default_class),
+            prompt_len: req.prompt.len(),
+            num_tokens: req.prompt.len(),
+            num_computed: 0,
+            num_output: 0,
+            max_output: req.max_tokens.min(self.max_len - req.prompt.len()),
+            blocks_held: 0,
+            first_token_time: None,
+            last_token_time: None,
+            max_lateness: 0.0,
+            num_preemptions: 0,
+        };
+        self.refresh_views();
+        let (policy, ctx) = self.split_for_policy(now);
+        policy.admit(&view, &ctx).or_else(|(reason, retry)| refuse(reason, retry))
+    }
+
+    /// Seconds to prefill the waiting queue at full steps: the Retry-After of a full queue.
+    fn queue_drain_estimate(&self) -> f64 {
+        let mut full = StepShape::default();
+        full.add_slice(0, self.cfg.max_batch_tokens.max(2));
+        let rate = full.prefill_tokens as f64 / self.cost.predict(&full).max(1e-9);
+        self.queued_tokens as f64 / rate
+    }
+
+    fn refresh_views(&mut self) {
+        self.view_running.clear();
+        self.view_waiting.clear();
+        for &s in &self.running {
+            self.view_running.push(self.slots[s].as_ref().expect("live slot").view());
+        }
+        for &s in &self.waiting {
+            self.view_waiting.push(self.slots[s].as_ref().expect("live slot").view());
+        }
+    }
+
+    fn split_for_policy(&mut self, now: f64) -> (&mut Box<dyn Policy>, PolicyContext<'_>) {
+        let ctx = PolicyContext {
+            now,
+            running: &self.view_running,
+            waiting: &self.view_waiting,
+            free_blocks: self.pool.num_free(),
+            total_blocks: self.pool.capacity(),
+            block_size: self.cfg.block_size,
+            max_num_seqs: self.cfg.max_num_seqs,
+            max_batch_tokens: self.cfg.max_batch_tokens,
+            cost: &self.cost,
+            slo: &self.cfg.slo,
+        };
+        (&mut self.policy, ctx)
+    }
+
+    /// Plan the next step.
+    pub fn schedule(&mut self, now: f64) -> BatchPlan {
+        self.last_now = self.last_now.max(now);
+        self.step += 1;
+        let step = self.step;
+        self.refresh_views();
+        let mut d = std::mem::take(&mut self.decisions);
+        d.clear();
+        {
+            let (policy, ctx) = self.split_for_policy(now);
+            policy.plan(&ctx, &mut d);
+        }
+        for &id in &d.drop {
+            if let Some(ev) = self.finish(id, FinishReason::Dropped, now) {
+                self.pending.push(ev);
+            }
+        }
+        let mut seqs = Vec::new();
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut victim_pos = 0;
+        let mut admitted = false;
+        for g in &d.grants {
+            if budget == 0 {
+                break;
+            }
+            let Some(&slot) = self.index.get(&g.id) else { continue };
+            let r = self.slots[slot].as_ref().expect("live slot");
+            if r.granted_in == step || (r.state == State::Waiting && self.running.len() >= self.cfg.max_num_seqs) {
+                continue;
+            }
+            let mut want = g.tokens.min(r.tokens.len() - r.num_computed).min(budget);
+            if want == 0 {
+                continue;
+            }
+            let bs = self.cfg.block_size;
+            let need = |r: &Req, want: usize| (r.num_computed + want).div_ceil(bs).saturating_sub(r.blocks.len());
+            if need(r, want) > self.pool.num_free() && g.may_preempt {
+                while need(self.slots[slot].as_ref().expect("live slot"), want) > self.pool.num_free()
+                    && victim_pos < d.victims.len()
+                {
+                    let v = d.victims[victim_pos];
+                    victim_pos += 1;
+                    if v != g.id {
+                        self.preempt(v, step);
+                    }
+                }
+            }
+            let r = self.slots[slot].as_mut().expect("live slot");
+            let room = (r.blocks.len() + self.pool.num_free()) * bs;
+            want = want.min(room.saturating_sub(r.num_computed));
+            if want == 0 {
+                continue;
+            }
+            let n = (r.num_computed + want).div_ceil(bs) - r.blocks.len();
+            let ok = self.pool.allocate_n(n, &mut r.blocks);
+            debug_assert!(ok, "room was checked");
+            if r.state == State::Waiting {
+                r.state = State::Running;
+                self.queued_tokens -= r.tokens.len() - r.num_computed;
+                self.running.push(slot);
+                admitted = true;
+            }
+            let start = r.num_computed;
+            r.num_computed += want;
+            r.granted_in = step;
+            budget -= want;
+            seqs.push(SeqSlice {
+                id: r.id,
+                tokens: r.tokens[start..start + want].to_vec(),
+                start_pos: start,
+                block_table: r.blocks.clone(),
+                sample: r.num_computed == r.tokens.len(),
+            });
+        }
+        if admitted {
+            let slots = &self.slots;
+            self.waiting.retain(|&s| slots[s].as_ref().is_some_and(|r| r.state == State::Waiting));
+        }
+        self.decisions = d;
+        self.track_idle(now);
+        BatchPlan { step, seqs, released: std::mem::take(&mut self.released) }
+    }
+
+    /// Preempt a running request that was not given tokens this step: free its blocks and queue
+    /// it (first) for a recompute prefill over prompt and output.
+    fn preempt(&mut self, id: RequestId, step: u64) {
+        let Some(&slot) = self.index.get(&id) else { return };
+        let r = self.slots[slot].as_mut().expect("live slot");
+        if r.state != State::Running || r.granted_in == step {
+            return;
+        }
+        self.pool.free_all(&mut r.blocks);
+        r.num_computed = 0;
+        r.state = State::Waiting;
+        r.num_preemptions += 1;
+        self.queued_tokens += r.tokens.len();
+        self.preemptions += 1;
+        self.running.retain(|&s| s != slot);
+        self.waiting.push_front(slot);
+    }
+
+    /// Apply a finished step: append sampled tokens, finish requests that stop or reach their
+    /// length. Returns those events after any pending from `schedule`.
+    ///
+    /// `out.sampled` holds one token per `sample` slice of `plan`, in plan order. Tokens for
+    /// requests that ended meanwhile (aborted between schedule and update) are ignored; a sample
+    /// slice without a token is computed again next step.
+    pub fn update(&mut self, plan: &BatchPlan, out: &StepOutput, now: f64) -> Vec<Event> {
+        self.last_now = self.last_now.max(now);
+        let mut events = std::mem::take(&mut self.pending);
+        let mut sampled = out.sampled.iter().peekable();
+        for slice in plan.seqs.iter().filter(|s| s.sample) {
+            let s = match sampled.peek() {
+                Some(s) if s.id == slice.id => sampled.next().expect("peeked"),
+                // The runner returned no token for this slice: forget the last position so that
+                // the next step computes it again instead of waiting forever for a sample.
+                _ => {
+                    if let Some(r) = self.index.get(&slice.id).and_then(|&slot| self.slots[slot].as_mut()) {
+                        if r.state == State::Running && r.num_computed == r.tokens.len() {
+                            r.num_computed -= 1;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let Some(&slot) = self.index.get(&s.id) else { continue };
+            let r = self.slots[slot].as_mut().expect("live slot");
+            if r.state != State::Running || r.num_computed != r.tokens.len() {
+                continue;
+            }
+            r.tokens.push(s.token);
+            let n = r.num_output();
+            r.max_lateness = r.max_lateness.max(now - r.class.deadline(r.arrival, n));
+            r.first_token.get_or_insert(now);
+            r.last_token = Some(now);
+            let stop = n >= r.min_tokens && r.stop_token_ids.contains(&s.token);
+            let length = n >= r.max_output;
+            events.push(Event::Token { id: s.id, sampled: s.clone(), time: now });
+            let reason = if stop {
+                Some(FinishReason::Stop)
+            } else if length {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                events.extend(self.finish(s.id, reason, now));
+            }
+        }
+        self.track_idle(now);
+        events
+    }
+
+    /// The step carrying `plan` failed: every request in it finishes with `Error` and frees its
+    /// blocks. Returns those events after any pending from `schedule`.
+    pub fn fail_step(&mut self, plan: &BatchPlan, now: f64) -> Vec<Event> {
+        let mut events = std::mem::take(&mut self.pending);
+        for s in &plan.seqs {
+            events.extend(self.finish(s.id, FinishReason::Error, now));
+        }
+        events
+    }
+
+    /// The client went away: finish with `Abort` and free its blocks. `None` if the request is
+    /// unknown or already finished.
+    pub fn abort(&mut self, id: RequestId, now: f64) -> Option<Event> {
+        self.finish(id, FinishReason::Abort, now)
+    }
+
+    /// Finish a live request from outside a step: `Abort`, `Stop` (the server matched a stop
+    /// string while detokenizing) or `Error`. `None` if the request is unknown or finished.
+    pub fn finish(&mut self, id: RequestId, reason: FinishReason, now: f64) -> Option<Event> {
+        let slot = self.index.remove(&id)?;
+        let mut r = self.slots[slot].take().expect("live slot");
+        self.free_slots.push(slot);
+        self.pool.free_all(&mut r.blocks);
+        match r.state {
+            State::Running => self.running.retain(|&s| s != slot),
+            State::Waiting => {
+                self.queued_tokens -= r.tokens.len() - r.num_computed;
+                self.waiting.retain(|&s| s != slot);
+            }
+        }
+        self.finished.bump(reason);
+        self.released.push(id);
+        Some(Event::Finished { id, reason, time: now, num_output: r.num_output() })
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Req> {
+        self.running.iter().chain(self.waiting.iter()).map(|&s| self.slots[s].as_ref().expect("live slot"))
+    }
+
+    fn track_idle(&mut self, now: f64) {
+        let idle = self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max);
+        self.max_idle_ever = self.max_idle_ever.max(idle);
+    }
+
+    /// Counters and gauges at the last time the scheduler was called with.
+    pub fn stats(&self) -> SchedulerStats {
+        let now = self.last_now;
+        SchedulerStats {
+            policy: self.policy.name().to_string(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            preempted_waiting: self.live().filter(|r| r.state == State::Waiting && r.num_preemptions > 0).count(),
+            kv_blocks_used: self.pool.num_used(),
+            kv_blocks_total: self.pool.capacity(),
+            preemptions: self.preemptions,
+            rejected: self.rejected,
+            finished: self.finished,
+            max_idle_in_flight: self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max),
+            max_idle_in_flight_ever: self.max_idle_ever,
+            steps: self.step,
+        }
+    }
+
+    /// Output tokens generated so far by a live request, and whether it is running.
+    pub fn progress(&self, id: RequestId) -> Option<(usize, bool)> {
+        let r = self.slots[*self.index.get(&id)?].as_ref()?;
+        Some((r.num_output(), r.state == State::Running))
+    }
+}

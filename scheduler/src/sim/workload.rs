@@ -1,0 +1,237 @@
+//! Workloads: arrival processes and prompt/output lengths, generated from a seed.
+
+use std::path::Path;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp, Gamma};
+use serde::{Deserialize, Serialize};
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Arrivals {
+    /// Exponential gaps (a Poisson process).
+    Poisson,
+    /// Gamma gaps with this coefficient of variation (1 is Poisson; above 1 is burstier).
+    Gamma {
+        /// Standard deviation over mean of the gaps.
+        cv: f64,
+    },
+}
+
+/// A length distribution, tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Lengths {
+    /// Always this many.
+    Fixed(usize),
+    /// Uniform over `lo..=hi`.
+    Uniform(usize, usize),
+}
+
+impl Lengths {
+    fn sample(&self, rng: &mut StdRng) -> usize {
+        match *self {
+            Lengths::Fixed(n) => n.max(1),
+            Lengths::Uniform(lo, hi) => rng.random_range(lo.max(1)..=hi.max(lo.max(1))),
+        }
+    }
+
+    /// Mean length.
+    pub fn mean(&self) -> f64 {
+        match *self {
+            Lengths::Fixed(n) => n.max(1) as f64,
+            Lengths::Uniform(lo, hi) => (lo.max(1) + hi.max(lo.max(1))) as f64 / 2.0,
+        }
+    }
+}
+
+/// Prompt and output lengths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum LengthSource {
+    /// Independent prompt and output distributions.
+    Synthetic {
+        /// Prompt tokens.
+        input: Lengths,
+        /// Output tokens.
+        output: Lengths,
+    },
+    /// (prompt, output) pairs drawn with replacement, e.g. from a ShareGPT file.
+    Pairs(Vec<(usize, usize)>),
+}
+
+/// One simulated request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SimRequest {
+    /// Arrival, seconds.
+    pub arrival: f64,
+    /// Prompt tokens.
+    pub prompt_len: usize,
+    /// Output tokens it will generate (`max_tokens`, EOS ignored).
+    pub output_len: usize,
+}
+
+/// A workload to generate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    /// Arrival process.
+    pub arrivals: Arrivals,
+    /// Lengths.
+    pub lengths: LengthSource,
+}
+
+impl WorkloadSpec {
+    /// `num` requests at `rate` per second from `seed`. Lengths depend only on the seed, so the
+    /// same seed gives the same requests at every rate, only spaced differently.
+    pub fn generate(&self, rate: f64, num: usize, seed: u64) -> Vec<SimRequest> {
+        let mut len_rng = StdRng::seed_from_u64(seed);
+        let mut gap_rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut t = 0.0;
+        (0..num)
+            .map(|_| {
+                let (prompt_len, output_len) = match &self.lengths {
+                    LengthSource::Synthetic { input, output } => (input.sample(&mut len_rng), output.sample(&mut len_rng)),
+                    LengthSource::Pairs(p) => p[len_rng.random_range(0..p.len())],
+                };
+                let r = SimRequest { arrival: t, prompt_len, output_len };
+                t += self.gap(rate, &mut gap_rng);
+                r
+            })
+            .collect()
+    }
+
+    fn gap(&self, rate: f64, rng: &mut StdRng) -> f64 {
+        if rate <= 0.0 || !rate.is_finite() {
+            return 0.0;
+        }
+        match self.arrivals {
+            Arrivals::Poisson => Exp::new(rate).expect("positive rate").sample(rng),
+            Arrivals::Gamma { cv } => {
+                let shape = 1.0 / (cv * cv).max(1e-6);
+                Gamma::new(shape, 1.0 / (rate * shape)).expect("positive gamma parameters").sample(rng)
+            }
+        }
+    }
+
+    /// Mean (prompt, output) tokens.
+    pub fn mean_lengths(&self) -> (f64, f64) {
+        match &self.lengths {
+            LengthSource::Synthetic { input, output } => (input.mean(), output.mean()),
+            LengthSource::Pairs(p) => {
+                let n = p.len().max(1) as f64;
+                (p.iter().map(|x| x.0 as f64).sum::<f64>() / n, p.iter().map(|x| x.1 as f64).sum::<f64>() / n)
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ShareGptEntry {
+    #[serde(default)]
+    conversations: Vec<ShareGptTurn>,
+}
+
+#[derive(Deserialize)]
+struct ShareGptTurn {
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    value: String,
+}
+
+/// Errors reading a ShareGPT file.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareGptError {
+    /// The file could not be read.
+    #[error("reading {0}: {1}")]
+    Io(String, std::io::Error),
+    /// The file is not ShareGPT JSON.
+    #[error("parsing {0}: {1}")]
+    Json(String, serde_json::Error),
+    /// No conversation survived the filters.
+    #[error("{0}: no usable conversation (need a human turn followed by a gpt turn)")]
+    Empty(String),
+}
+
+/// Tokens of a text without a tokenizer: about four characters per token, the usual rule of
+/// thumb for English BPE vocabularies. The simulator only needs lengths.
+pub fn approx_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4).max(1)
+}
+
+/// (prompt, output) token pairs from ShareGPT-format JSON text: the first human turn and the
+/// reply after it, filtered as `vllm bench serve` does (both at least 4 tokens, prompt at most
+/// 1024, sum at most 2048).
+pub fn sharegpt_pairs_from_str(json: &str, name: &str) -> Result<Vec<(usize, usize)>, ShareGptError> {
+    let entries: Vec<ShareGptEntry> = serde_json::from_str(json).map_err(|e| ShareGptError::Json(name.into(), e))?;
+    let pairs: Vec<(usize, usize)> = entries
+        .iter()
+        .filter_map(|e| {
+            let i = e.conversations.iter().position(|t| t.from == "human")?;
+            let reply = e.conversations.get(i + 1).filter(|t| t.from == "gpt")?;
+            Some((approx_tokens(&e.conversations[i].value), approx_tokens(&reply.value)))
+        })
+        .filter(|&(p, o)| p >= 4 && o >= 4 && p <= 1024 && p + o <= 2048)
+        .collect();
+    if pairs.is_empty() {
+        return Err(ShareGptError::Empty(name.into()));
+    }
+    Ok(pairs)
+}
+
+/// [`sharegpt_pairs_from_str`] on a file.
+pub fn sharegpt_pairs(path: &Path) -> Result<Vec<(usize, usize)>, ShareGptError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ShareGptError::Io(name.clone(), e))?;
+    sharegpt_pairs_from_str(&text, &name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poisson_rate_and_reproducibility() {
+        let spec = WorkloadSpec {
+            arrivals: Arrivals::Poisson,
+            lengths: LengthSource::Synthetic { input: Lengths::Uniform(10, 20), output: Lengths::Fixed(5) },
+        };
+        let a = spec.generate(50.0, 5000, 7);
+        let b = spec.generate(50.0, 5000, 7);
+        assert_eq!(a, b);
+        let rate = 4999.0 / a.last().unwrap().arrival;
+        assert!((rate - 50.0).abs() < 2.5, "rate {rate}");
+        assert!(a.iter().all(|r| (10..=20).contains(&r.prompt_len) && r.output_len == 5));
+        let slow = spec.generate(5.0, 5000, 7);
+        assert!(a.iter().zip(&slow).all(|(x, y)| x.prompt_len == y.prompt_len));
+    }
+
+    #[test]
+    fn gamma_arrivals_are_burstier() {
+        let cv_of = |arrivals| {
+            let spec = WorkloadSpec { arrivals, lengths: LengthSource::Pairs(vec![(1, 1)]) };
+            let r = spec.generate(10.0, 4000, 1);
+            let gaps: Vec<f64> = r.windows(2).map(|w| w[1].arrival - w[0].arrival).collect();
+            let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
+            let v = gaps.iter().map(|g| (g - m).powi(2)).sum::<f64>() / gaps.len() as f64;
+            (m, v.sqrt() / m)
+        };
+        let (m, cv) = cv_of(Arrivals::Gamma { cv: 3.0 });
+        assert!((m - 0.1).abs() < 0.02 && cv > 2.0, "mean {m} cv {cv}");
+        let (_, cv) = cv_of(Arrivals::Poisson);
+        assert!((cv - 1.0).abs() < 0.15);
+    }
+
+    #[test]
+    fn parses_sharegpt() {
+        let json = r#"[
+            {"id": "a", "conversations": [{"from": "human", "value": "Tell me a story about a cat."},
+                                           {"from": "gpt", "value": "Once upon a time there was a cat who liked fish."}]},
+            {"id": "b", "conversations": [{"from": "gpt", "value": "orphan"}]},
+            {"id": "c", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there, friend"}]}
+        ]"#;
+        let pairs = sharegpt_pairs_from_str(json, "test").unwrap();
+        assert_eq!(pairs, vec![(7, 12)]);
+        assert!(sharegpt_pairs_from_str("[]", "empty").is_err());
+        assert!(sharegpt_pairs_from_str("{", "bad").is_err());
+    }
+}
