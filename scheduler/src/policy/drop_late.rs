@@ -2,7 +2,7 @@
 //!
 //! Exactly `fcfs`, plus: any request that has already missed its binary SLO is dropped to free
 //! its slot and blocks. Missed means: no first token and `now - arrival` past the TTFT limit;
-//! TPOT so far, `(t_n - t_1) / (n - 1)`, over the TPOT limit; or `now - arrival` past the E2E
+//! a TPOT that is over the limit for certain (see [`missed`]); or `now - arrival` past the E2E
 //! limit. With no binary SLO configured it behaves as `fcfs`.
 
 use super::fcfs::fcfs_plan;
@@ -21,12 +21,20 @@ impl DropLate {
     }
 }
 
-/// True when `v` can no longer pass `slo` at `now`.
+/// True when `v` can no longer pass `slo` at `now`, whatever happens next.
+///
+/// TPOT is an average, so a slow start can still be made up; it is missed for certain once even
+/// instant delivery of every remaining token would leave it over the limit: the final TPOT is at
+/// least `(t_n - t_1) / (N - 1)` and, while tokens are still to come, at least
+/// `(now - t_1) / (N - 1)`, with `N` the most tokens the request can produce.
 pub fn missed(v: &SeqView, slo: &BinarySlo, now: f64) -> bool {
     let waited = now - v.arrival;
     let ttft_missed = slo.ttft.is_some_and(|lim| v.first_token_time.is_none() && waited > lim);
-    let tpot_missed = match (slo.tpot, v.first_token_time, v.last_token_time) {
-        (Some(lim), Some(first), Some(last)) if v.num_output >= 2 => (last - first) / (v.num_output - 1) as f64 > lim,
+    let tpot_missed = match (slo.tpot, v.first_token_time) {
+        (Some(lim), Some(first)) if v.max_output >= 2 => {
+            let last = if v.num_output < v.max_output { now } else { v.last_token_time.unwrap_or(now) };
+            (last - first) / (v.max_output - 1) as f64 > lim
+        }
         _ => false,
     };
     let e2e_missed = slo.e2el.is_some_and(|lim| waited > lim);

@@ -39,6 +39,17 @@ pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl
     let live = |v: &&SeqView| v.uncomputed() > 0 && keep(v);
     out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, true)));
     out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() > 1).map(|v| grant(v, true)));
-    out.grants.extend(ctx.waiting.iter().filter(live).map(|v| grant(v, false)));
+    // Waiting requests beyond what one step can start are left out: the mechanism would skip
+    // them anyway, and the queue can be long.
+    let mut tokens = 0;
+    let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
+    for v in ctx.waiting.iter().filter(live) {
+        if tokens >= ctx.max_batch_tokens || slots == 0 {
+            break;
+        }
+        tokens += v.uncomputed();
+        slots -= 1;
+        out.grants.push(grant(v, false));
+    }
     out.victims.extend(ctx.running.iter().rev().map(|v| v.id));
 }

@@ -42,10 +42,12 @@
 //! of it in the queue at the rate of full steps with the current decodes, or, when the running
 //! batch is full, the time until enough running streams finish. That gives its predicted idle
 //! latency `l` and its predicted benefit `n - alpha * f(l)`, with `n` the most tokens it can
-//! produce. The benefit net of what it displaces must stay positive: admitting a request that
-//! will wait means that, for as long as the overload lasts, some later request is served later
-//! too, so the policy accepts a predicted loss of at most `admit_max_loss * n` (default 10%) and
-//! rejects the request otherwise, with a Retry-After of the predicted excess wait. Below
+//! produce. A request whose predicted benefit is negative is rejected. So is one whose benefit,
+//! net of what it displaces, is negative: admitting a request that will wait behind others means
+//! that, for as long as the overload lasts, some later request is served later too, so the loss
+//! *caused by queueing* (its loss at the predicted wait minus its loss if it were served alone,
+//! which no policy could avoid) may be at most `admit_max_loss * n` (default 2%). A rejection
+//! carries a Retry-After of the predicted excess wait. Below
 //! saturation the predicted wait is a step or two and nobody is rejected; above it the queue is
 //! held at the wait where the loss reaches that margin, which keeps the batch full (throughput)
 //! while admitted users wait seconds, not minutes. It never drops a started stream.
@@ -75,7 +77,7 @@ pub struct SmoothConfig {
 
 impl Default for SmoothConfig {
     fn default() -> Self {
-        Self { horizon_steps: 3.0, admit_max_loss: 0.1, starvation_s: 10.0, min_chunk_fraction: 0.25 }
+        Self { horizon_steps: 3.0, admit_max_loss: 0.02, starvation_s: 2.0, min_chunk_fraction: 0.25 }
     }
 }
 
@@ -170,12 +172,18 @@ impl Policy for Smooth {
             let steps = rounds * longest + kth;
             wait = wait.max(steps as f64 * t_full + own);
         }
-        let idle = (ctx.now + wait - req.next_deadline()).max(0.0);
-        let n = req.remaining_output() as f64;
+        let deadline = req.next_deadline();
+        let idle = (ctx.now + wait - deadline).max(0.0);
+        // What it would lose alone on the machine is no reason to refuse it: no policy can do
+        // better. The margin applies to the loss caused by waiting behind others.
+        let idle_alone = (ctx.now + own.max(t_full) - deadline).max(0.0);
         let slo = ctx.slo;
-        let max_loss = self.cfg.admit_max_loss * n;
-        if slo.benefit(req.remaining_output(), idle) < n - max_loss {
-            let ok_idle = idle_for_loss(slo.penalty, slo.alpha, max_loss);
+        let n = req.remaining_output();
+        let max_loss = self.cfg.admit_max_loss * n as f64;
+        let queue_loss = slo.benefit(n, idle_alone) - slo.benefit(n, idle);
+        if slo.benefit(n, idle) < 0.0 || queue_loss > max_loss {
+            let base = slo.alpha * slo.penalty.apply(idle_alone);
+            let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n as f64));
             return Err((RejectReason::PredictedLate, (idle - ok_idle).max(t_full)));
         }
         Ok(())

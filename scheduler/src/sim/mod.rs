@@ -94,6 +94,8 @@ pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest
     let mut t = requests.first().map_or(0.0, |r| r.arrival);
     let mut next = 0;
     let mut steps = 0;
+    let mut plan = crate::plan::BatchPlan::default();
+    let mut out = StepOutput::default();
     loop {
         while next < requests.len() && requests[next].arrival <= t {
             let r = &requests[next];
@@ -120,7 +122,7 @@ pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest
                 None => break,
             }
         }
-        let plan = sched.schedule(t);
+        sched.schedule_into(t, &mut plan);
         if plan.is_empty() {
             let events = sched.update(&plan, &StepOutput::default(), t);
             record(&mut records, &events);
@@ -141,14 +143,13 @@ pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest
         }
         t += dur;
         steps += 1;
-        let out = StepOutput {
-            sampled: plan
-                .seqs
+        out.sampled.clear();
+        out.sampled.extend(
+            plan.seqs
                 .iter()
                 .filter(|s| s.sample)
-                .map(|s| SampledToken { id: s.id, token: 1, logprob: None, top_logprobs: Vec::new() })
-                .collect(),
-        };
+                .map(|s| SampledToken { id: s.id, token: 1, logprob: None, top_logprobs: Vec::new() }),
+        );
         let events = sched.update(&plan, &out, t);
         sched.observe_step(&shape, dur);
         record(&mut records, &events);
@@ -177,11 +178,13 @@ fn record(records: &mut [RequestRecord], events: &[Event]) {
     }
 }
 
-/// The request rate a preset sustains on a workload: `num` requests arrive at once under fcfs,
-/// and the completion rate between the 20th and the 80th percentile of completions is the
-/// saturation rate (the start-up ramp and the drain are left out).
+/// The request rate a preset sustains on a workload under fcfs: `num` requests (at least four
+/// batches' worth) arrive at once, and the completion rate between the first and the third
+/// quartile of completions is the saturation rate, which leaves out the start-up ramp, the first
+/// wave of a full batch finishing together, and the drain.
 pub fn saturation_rate(cfg: &SimConfig, workload: &WorkloadSpec, num: usize, seed: u64) -> f64 {
-    let reqs = workload.generate(f64::INFINITY, num.max(10), seed);
+    let num = num.max(4 * cfg.sched.max_num_seqs).max(40);
+    let reqs = workload.generate(f64::INFINITY, num, seed);
     let mut sat_cfg = cfg.clone();
     sat_cfg.sched.max_queue_requests = usize::MAX;
     sat_cfg.sched.max_queue_tokens = usize::MAX;
@@ -189,7 +192,7 @@ pub fn saturation_rate(cfg: &SimConfig, workload: &WorkloadSpec, num: usize, see
     let Ok(res) = simulate(&sat_cfg, policy, &reqs) else { return 0.0 };
     let mut ends: Vec<f64> = res.records.iter().map(|r| r.end).collect();
     ends.sort_unstable_by(f64::total_cmp);
-    let (lo, hi) = (ends.len() / 5, ends.len() * 4 / 5);
+    let (lo, hi) = (ends.len() / 4, ends.len() * 3 / 4);
     (hi - lo) as f64 / (ends[hi] - ends[lo]).max(1e-9)
 }
 
