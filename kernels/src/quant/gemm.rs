@@ -1,0 +1,227 @@
+//! The matmul driver: activation quantization, tiling, and the split of work across threads.
+//!
+//! Output rows are cut into chunks that rayon's pool runs; a chunk computes its rows for every
+//! token, in token chunks small enough for their quantized activations to stay in L2, and within
+//! a chunk in tiles of `ROWS x TOKENS`. Rayon's workers sleep when idle instead of spinning, so
+//! a busy neighbour process slows pace down in proportion rather than collapsing it; work is cut
+//! finer than the thread count so that a stalled thread's chunks are stolen by the others.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::act::QuantizedActs;
+use super::{QFormat, QuantMatrix, QK};
+
+/// Rows per tile.
+const ROWS: usize = 4;
+/// Tokens per tile.
+const TOKENS: usize = 2;
+/// Tokens whose activations are processed together (kept in L2).
+const TOKEN_CHUNK: usize = 96;
+/// Work chunks per thread, for load balance under contention.
+const CHUNKS_PER_THREAD: usize = 4;
+
+thread_local! {
+    static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+    static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `y = x · wᵀ`: `x` is `t x cols` (row-major f32), `y` is `t x rows`.
+///
+/// # Panics
+/// If the slice lengths do not match the shapes (a caller bug, never input-dependent).
+pub fn matmul(w: &QuantMatrix, x: &[f32], t: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), t * w.cols, "matmul: x has the wrong length");
+    assert_eq!(y.len(), t * w.rows, "matmul: y has the wrong length");
+    if t == 0 {
+        return;
+    }
+    ACTS.with(|acts| {
+        let mut acts = acts.borrow_mut();
+        quantize_parallel(&mut acts, x, t, w.cols);
+        matmul_quantized(w, &acts, y);
+    });
+}
+
+fn quantize_parallel(acts: &mut QuantizedActs, x: &[f32], t: usize, k: usize) {
+    const PAR_MIN_TOKENS: usize = 8;
+    if t < PAR_MIN_TOKENS {
+        acts.quantize_into(x, t, k);
+        return;
+    }
+    let nb = k / QK;
+    acts.t = t;
+    acts.k = k;
+    acts.qs.resize(t * k, 0);
+    acts.d.resize(t * nb, 0.0);
+    acts.s.resize(t * nb, 0.0);
+    let per = t.div_ceil(rayon::current_num_threads() * CHUNKS_PER_THREAD).max(1);
+    x.par_chunks(per * k)
+        .zip(acts.qs.par_chunks_mut(per * k))
+        .zip(acts.d.par_chunks_mut(per * nb).zip(acts.s.par_chunks_mut(per * nb)))
+        .for_each(|((x, qs), (d, s))| {
+            let mut tmp = QuantizedActs::default();
+            let rows = x.len() / k;
+            tmp.quantize_into(x, rows, k);
+            qs.copy_from_slice(&tmp.qs);
+            d.copy_from_slice(&tmp.d);
+            s.copy_from_slice(&tmp.s);
+        });
+}
+
+/// Raw output pointer shared by the chunks, which write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: chunks write disjoint output elements (distinct rows), and the pointer outlives them.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `y = acts · wᵀ` for already-quantized activations.
+pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f32]) {
+    assert_eq!(acts.k, w.cols);
+    assert_eq!(y.len(), acts.t * w.rows);
+    let units = w.rows.div_ceil(ROWS);
+    let chunks = (rayon::current_num_threads() * CHUNKS_PER_THREAD).min(units).max(1);
+    let units_per_chunk = units.div_ceil(chunks);
+    let out = OutPtr(y.as_mut_ptr());
+    (0..chunks).into_par_iter().for_each(|ci| {
+        let r0 = (ci * units_per_chunk * ROWS).min(w.rows);
+        let r1 = ((ci + 1) * units_per_chunk * ROWS).min(w.rows);
+        if r0 < r1 {
+            let out = out;
+            compute_rows(w, acts, r0, r1, out.0);
+        }
+    });
+}
+
+fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: *mut f32) {
+    let nb = w.blocks_per_row();
+    SCALES.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        scratch.resize(2 * ROWS * nb, 0.0);
+        let (dw, mw) = scratch.split_at_mut(ROWS * nb);
+        for t0 in (0..acts.t).step_by(TOKEN_CHUNK) {
+            let t1 = (t0 + TOKEN_CHUNK).min(acts.t);
+            for rt in (r0..r1).step_by(ROWS) {
+                let nr = ROWS.min(r1 - rt);
+                convert_scales(w, rt, nr, dw, mw);
+                for tt in (t0..t1).step_by(TOKENS) {
+                    let nc = TOKENS.min(t1 - tt);
+                    run_tile(w, acts, rt, nr, tt, nc, dw, mw, y);
+                }
+            }
+        }
+    });
+}
+
+fn convert_scales(w: &QuantMatrix, r: usize, nr: usize, dw: &mut [f32], mw: &mut [f32]) {
+    let nb = w.blocks_per_row();
+    let d = &w.d[r * nb..(r + nr) * nb];
+    let m = if w.format == QFormat::Q4 { &w.m[r * nb..(r + nr) * nb] } else { &[][..] };
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: features detected at run time.
+        unsafe {
+            super::avx2::f16_to_f32(d, dw);
+            super::avx2::f16_to_f32(m, mw);
+        }
+        return;
+    }
+    for (o, v) in dw.iter_mut().zip(d) {
+        *o = v.to_f32();
+    }
+    for (o, v) in mw.iter_mut().zip(m) {
+        *o = v.to_f32();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_tile(
+    w: &QuantMatrix,
+    acts: &QuantizedActs,
+    r: usize,
+    nr: usize,
+    tok: usize,
+    nc: usize,
+    dw: &[f32],
+    mw: &[f32],
+    y: *mut f32,
+) {
+    let nb = w.blocks_per_row();
+    let row_stride = match w.format {
+        QFormat::Q4 => nb * QK / 2,
+        QFormat::Q8 => nb * QK,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        use super::avx2::{q4_tile, q8_tile, Tile};
+        let t = Tile {
+            qs: w.qs[r * row_stride..].as_ptr(),
+            row_stride,
+            dw,
+            mw,
+            nb,
+            xq: acts.qs[tok * acts.k..].as_ptr(),
+            xd: acts.d[tok * nb..].as_ptr(),
+            xs: acts.s[tok * nb..].as_ptr(),
+            k: acts.k,
+            // SAFETY: (tok, r) is inside y, which is acts.t x w.rows.
+            y: unsafe { y.add(tok * w.rows + r) },
+            ldy: w.rows,
+        };
+        macro_rules! dispatch {
+            ($f:ident) => {
+                // SAFETY: AVX2/FMA/F16C detected; the tile's rows, blocks and tokens are in
+                // bounds of the weight, activation and output buffers (checked by the caller's
+                // shape asserts and the loop bounds).
+                unsafe {
+                    match (nr, nc) {
+                        (4, 4) => $f::<4, 4>(&t),
+                        (4, 3) => $f::<4, 3>(&t),
+                        (4, 2) => $f::<4, 2>(&t),
+                        (4, 1) => $f::<4, 1>(&t),
+                        (3, 4) => $f::<3, 4>(&t),
+                        (3, 3) => $f::<3, 3>(&t),
+                        (3, 2) => $f::<3, 2>(&t),
+                        (3, 1) => $f::<3, 1>(&t),
+                        (2, 4) => $f::<2, 4>(&t),
+                        (2, 3) => $f::<2, 3>(&t),
+                        (2, 2) => $f::<2, 2>(&t),
+                        (2, 1) => $f::<2, 1>(&t),
+                        (1, 4) => $f::<1, 4>(&t),
+                        (1, 3) => $f::<1, 3>(&t),
+                        (1, 2) => $f::<1, 2>(&t),
+                        _ => $f::<1, 1>(&t),
+                    }
+                }
+            };
+        }
+        match w.format {
+            QFormat::Q4 => dispatch!(q4_tile),
+            QFormat::Q8 => dispatch!(q8_tile),
+        }
+        return;
+    }
+    let t = super::scalar::Tile {
+        qs: &w.qs[r * row_stride..],
+        row_stride,
+        dw,
+        mw,
+        nb,
+        xq: &acts.qs[tok * acts.k..],
+        xd: &acts.d[tok * nb..],
+        xs: &acts.s[tok * nb..],
+        k: acts.k,
+    };
+    for c in 0..nc {
+        for rr in 0..nr {
+            let v = match w.format {
+                QFormat::Q4 => super::scalar::q4_dot(&t, rr, c),
+                QFormat::Q8 => super::scalar::q8_dot(&t, rr, c),
+            };
+            // SAFETY: (tok + c, r + rr) is inside y.
+            unsafe { *y.add((tok + c) * w.rows + r + rr) = v };
+        }
+    }
+}
