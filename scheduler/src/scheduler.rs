@@ -159,10 +159,9 @@ pub struct SchedulerStats {
     pub rejected: RejectCounts,
     /// Finishes so far.
     pub finished: FinishCounts,
-    /// Largest idle latency among live requests at the last call's time (engine clock).
+    /// Largest idle latency so far among live requests, at the last time the scheduler was
+    /// called with (engine clock): the live gauge that shows a stall before requests end.
     pub max_idle_in_flight: f64,
-    /// Largest value `max_idle_in_flight` has had.
-    pub max_idle_in_flight_ever: f64,
     /// Steps planned.
     pub steps: u64,
 }
@@ -265,9 +264,11 @@ pub struct Scheduler {
     preemptions: u64,
     rejected: RejectCounts,
     finished: FinishCounts,
-    max_idle_ever: f64,
     view_running: Vec<SeqView>,
     view_waiting: Vec<SeqView>,
+    /// The waiting queue changed since `view_waiting` was built (a waiting request's view does
+    /// not change while it waits, so an unchanged queue keeps its views).
+    waiting_dirty: bool,
     decisions: Decisions,
 }
 
@@ -298,9 +299,9 @@ impl Scheduler {
             preemptions: 0,
             rejected: RejectCounts::default(),
             finished: FinishCounts::default(),
-            max_idle_ever: 0.0,
             view_running: Vec::new(),
             view_waiting: Vec::new(),
+            waiting_dirty: false,
             decisions: Decisions::default(),
             cfg,
         }
@@ -437,12 +438,15 @@ impl Scheduler {
 
     fn refresh_views(&mut self) {
         self.view_running.clear();
-        self.view_waiting.clear();
         for &s in &self.running {
             self.view_running.push(self.slots[s].as_ref().expect("live slot").view());
         }
-        for &s in &self.waiting {
-            self.view_waiting.push(self.slots[s].as_ref().expect("live slot").view());
+        if self.waiting_dirty {
+            self.view_waiting.clear();
+            for &s in &self.waiting {
+                self.view_waiting.push(self.slots[s].as_ref().expect("live slot").view());
+            }
+            self.waiting_dirty = false;
         }
     }
 
@@ -555,11 +559,11 @@ impl Scheduler {
             seqs.push(slice);
         }
         if admitted {
+            self.waiting_dirty = true;
             let slots = &self.slots;
             self.waiting.retain(|&s| slots[s].as_ref().is_some_and(|r| r.state == State::Waiting));
         }
         self.decisions = d;
-        self.track_idle(now);
         plan.step = step;
         plan.seqs = seqs;
         plan.released.clear();
@@ -582,6 +586,7 @@ impl Scheduler {
         self.preemptions += 1;
         self.running.retain(|&s| s != slot);
         self.waiting.push_front(slot);
+        self.waiting_dirty = true;
     }
 
     /// Apply a finished step: append sampled tokens, finish requests that stop or reach their
@@ -632,7 +637,6 @@ impl Scheduler {
                 events.extend(self.finish(s.id, reason, now));
             }
         }
-        self.track_idle(now);
         events
     }
 
@@ -664,6 +668,7 @@ impl Scheduler {
             State::Waiting => {
                 self.queued_tokens -= r.tokens.len() - r.num_computed;
                 self.waiting.retain(|&s| s != slot);
+                self.waiting_dirty = true;
             }
         }
         self.finished.bump(reason);
@@ -673,11 +678,6 @@ impl Scheduler {
 
     fn live(&self) -> impl Iterator<Item = &Req> {
         self.running.iter().chain(self.waiting.iter()).map(|&s| self.slots[s].as_ref().expect("live slot"))
-    }
-
-    fn track_idle(&mut self, now: f64) {
-        let idle = self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max);
-        self.max_idle_ever = self.max_idle_ever.max(idle);
     }
 
     /// Counters and gauges at the last time the scheduler was called with.
@@ -694,7 +694,6 @@ impl Scheduler {
             rejected: self.rejected,
             finished: self.finished,
             max_idle_in_flight: self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max),
-            max_idle_in_flight_ever: self.max_idle_ever,
             steps: self.step,
         }
     }
