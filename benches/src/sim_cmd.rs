@@ -248,7 +248,7 @@ pub fn run(args: &SimArgs) -> Result<()> {
         print!("{}", tables(&lines, false));
     }
     if let Some(dir) = &args.out {
-        write_outputs(dir, &p.name, &lines, &points, &cfg, sat)?;
+        write_outputs(dir, p.name, &lines, &points, &cfg, sat)?;
         if !args.json {
             println!("wrote {}", dir.display());
         }

@@ -232,8 +232,9 @@ fn solve(mut a: [[f64; NF]; NF], mut b: [f64; NF]) -> Option<[f64; NF]> {
         b.swap(col, piv);
         for row in col + 1..NF {
             let f = a[row][col] / a[col][col];
-            for k in col..NF {
-                a[row][k] -= f * a[col][k];
+            let pivot_row = a[col];
+            for (x, p) in a[row][col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
             }
             b[row] -= f * b[col];
         }
