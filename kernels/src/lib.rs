@@ -2,5 +2,29 @@
 //!
 //! - [`quant`]: quantized weight layouts and the CPU quantized matmul (AVX2 with a portable
 //!   fallback), bitwise batch-invariant.
+//! - [`attention`]: the paged KV cache's write (`reshape_and_cache`) and `paged_attention`, as
+//!   candle custom ops with a CPU forward (and a CUDA forward with the `cuda` feature).
 
+pub mod attention;
 pub mod quant;
+
+pub use attention::{paged_attention, reshape_and_cache, CacheGeometry, PagedAttentionMeta};
+
+/// True when the CPU has AVX2, FMA and F16C (detected once, at run time). The kernels take their
+/// vector paths only then, and their portable paths elsewhere.
+#[cfg(target_arch = "x86_64")]
+pub fn cpu_has_avx2() -> bool {
+    use std::sync::OnceLock;
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+    })
+}
+
+/// No vector paths off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn cpu_has_avx2() -> bool {
+    false
+}

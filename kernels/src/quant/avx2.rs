@@ -8,19 +8,10 @@
 //! batch-invariant.
 
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 use super::QK;
 
-/// True when the CPU has AVX2, FMA and F16C.
-pub(super) fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
-}
+pub(super) use crate::cpu_has_avx2 as available;
 
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {

@@ -24,11 +24,13 @@ mod act;
 mod avx2;
 mod convert;
 mod gemm;
+mod op;
 mod scalar;
 
 pub use act::QuantizedActs;
 pub use convert::ggml_dequantize;
 pub use gemm::matmul;
+pub use op::qmatmul;
 
 use candle_core::quantized::GgmlDType;
 use half::f16;

@@ -1,0 +1,368 @@
+//! CPU paged attention and KV-cache write.
+//!
+//! Every query token is computed by one self-contained routine — scores over its visible keys in
+//! key order, a softmax, then the value sum in key order — so its output does not depend on the
+//! other queries of the batch, on how its sequence's prompt was chunked, or on the thread count.
+//! Work is split across rayon's pool in items of (sequence, KV head, run of query tokens); the
+//! query heads that share a KV head are computed together so its keys are read from cache once.
+
+use std::cell::RefCell;
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::{AttentionMeta, CacheGeometry};
+
+/// Element types the KV cache can hold on the CPU.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Converts from f32 when writing the cache.
+    fn from_f32(v: f32) -> Self;
+    /// Converts to f32 when reading the cache.
+    fn to_f32(self) -> f32;
+    /// Loads 8 consecutive elements as f32 (AVX2 path).
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable elements; AVX2 and F16C must be available.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl KvElem for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+impl KvElem for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+    }
+}
+
+/// Writes `kv` (`t x kv_heads x head_dim`, f32) into `cache` at `slots` (one per token;
+/// `slot = block * block_size + offset`). Slots must be in range (checked by the caller).
+pub fn write_cache<E: KvElem>(cache: &mut [E], geo: &CacheGeometry, kv: &[f32], slots: &[u32]) {
+    let (h, d, bs) = (geo.kv_heads, geo.head_dim, geo.block_size);
+    for (t, &slot) in slots.iter().enumerate() {
+        let (blk, off) = (slot as usize / bs, slot as usize % bs);
+        for g in 0..h {
+            let src = &kv[(t * h + g) * d..(t * h + g + 1) * d];
+            let base = ((blk * h + g) * bs + off) * d;
+            for (dst, &v) in cache[base..base + d].iter_mut().zip(src) {
+                *dst = E::from_f32(v);
+            }
+        }
+    }
+}
+
+/// Query tokens per work item.
+const QUERIES_PER_ITEM: usize = 16;
+
+/// One unit of parallel work.
+struct Item {
+    seq: usize,
+    kv_head: usize,
+    /// Query token range, absolute indices into the batch.
+    q0: usize,
+    q1: usize,
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: work items write disjoint (token, head) rows of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Paged attention over a ragged batch. `q` and `out` are `t x heads x head_dim` (f32).
+pub fn paged_attention<E: KvElem>(
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    geo: &CacheGeometry,
+    meta: &AttentionMeta<'_>,
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let group = heads / geo.kv_heads;
+    let mut items = Vec::new();
+    for s in 0..meta.num_seqs() {
+        let (a, b) = (meta.cu_seqlens_q[s] as usize, meta.cu_seqlens_q[s + 1] as usize);
+        for g in 0..geo.kv_heads {
+            let mut q0 = a;
+            while q0 < b {
+                let q1 = (q0 + QUERIES_PER_ITEM).min(b);
+                items.push(Item { seq: s, kv_head: g, q0, q1 });
+                q0 = q1;
+            }
+        }
+    }
+    let optr = OutPtr(out.as_mut_ptr());
+    let d = geo.head_dim;
+    items.par_iter().for_each(|it| {
+        let optr = optr;
+        let ctx = meta.context_lens[it.seq] as usize;
+        let qlen = (meta.cu_seqlens_q[it.seq + 1] - meta.cu_seqlens_q[it.seq]) as usize;
+        let first_pos = ctx - qlen;
+        let start = meta.cu_seqlens_q[it.seq] as usize;
+        let table = meta.block_table(it.seq);
+        SCORES.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            sc.resize(ctx, 0.0);
+            for tok in it.q0..it.q1 {
+                // Causal: token at position p sees keys 0..=p.
+                let visible = first_pos + (tok - start) + 1;
+                for hh in 0..group {
+                    let h = it.kv_head * group + hh;
+                    let qv = &q[(tok * heads + h) * d..(tok * heads + h + 1) * d];
+                    // SAFETY: each (tok, h) output row is written by exactly one item.
+                    let o = unsafe { std::slice::from_raw_parts_mut(optr.0.add((tok * heads + h) * d), d) };
+                    attend_one(qv, k_cache, v_cache, geo, table, it.kv_head, visible, scale, &mut sc[..visible], o);
+                }
+            }
+        });
+    });
+}
+
+/// Attention of one query row over its `visible` keys.
+#[allow(clippy::too_many_arguments)]
+fn attend_one<E: KvElem>(
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    geo: &CacheGeometry,
+    table: &[u32],
+    g: usize,
+    visible: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_has_avx2() {
+        // SAFETY: features detected; every key index < visible lies in a block of `table`
+        // (checked by AttentionMeta::validate), so all cache reads are in bounds.
+        unsafe { avx2::attend_one(q, k_cache, v_cache, geo, table, g, visible, scale, scores, out) };
+        return;
+    }
+    let (d, bs, h) = (geo.head_dim, geo.block_size, geo.kv_heads);
+    let row = |j: usize| ((table[j / bs] as usize * h + g) * bs + j % bs) * d;
+    let mut max = f32::NEG_INFINITY;
+    for (j, s) in scores.iter_mut().enumerate() {
+        let k = &k_cache[row(j)..row(j) + d];
+        *s = q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum::<f32>() * scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let v = &v_cache[row(j)..row(j) + d];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += p * x.to_f32();
+        }
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{CacheGeometry, KvElem};
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes.
+    #[inline(always)]
+    unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
+        let a = _mm256_hadd_ps(v[0], v[1]);
+        let b = _mm256_hadd_ps(v[2], v[3]);
+        let c = _mm256_hadd_ps(v[4], v[5]);
+        let d = _mm256_hadd_ps(v[6], v[7]);
+        let ab = _mm256_hadd_ps(a, b);
+        let cd = _mm256_hadd_ps(c, d);
+        // ab = [s0 s1 s2 s3 | s0' s1' s2' s3'] (low and high 128-bit halves of each sum).
+        let lo = _mm256_permute2f128_ps::<0x20>(ab, cd);
+        let hi = _mm256_permute2f128_ps::<0x31>(ab, cd);
+        _mm256_add_ps(lo, hi)
+    }
+
+    /// exp(x) for x <= 0 (scores minus their max), Cephes-style: range reduction by ln 2 and a
+    /// degree-6 polynomial; relative error about 2e-7. Inputs below -87 give 0.
+    #[inline(always)]
+    unsafe fn exp_neg(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_one<E: KvElem>(
+        q: &[f32],
+        k_cache: &[E],
+        v_cache: &[E],
+        geo: &CacheGeometry,
+        table: &[u32],
+        g: usize,
+        visible: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (d, bs, h) = (geo.head_dim, geo.block_size, geo.kv_heads);
+        let d8 = d / 8 * 8;
+        let row = |j: usize| ((*table.get_unchecked(j / bs) as usize * h + g) * bs + j % bs) * d;
+        let kp = k_cache.as_ptr();
+        let vp = v_cache.as_ptr();
+        let qp = q.as_ptr();
+        let dot = |j: usize| -> __m256 {
+            let k = kp.add(row(j));
+            let mut acc = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < d8 {
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), E::load8(k.add(i)), acc);
+                i += 8;
+            }
+            acc
+        };
+        let dot_tail = |j: usize| -> f32 {
+            let k = &k_cache[row(j) + d8..row(j) + d];
+            q[d8..].iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
+        };
+        // Scores, eight keys at a time.
+        let scale_v = _mm256_set1_ps(scale);
+        let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut j = 0;
+        while j + 8 <= visible {
+            let s = hsum8([dot(j), dot(j + 1), dot(j + 2), dot(j + 3), dot(j + 4), dot(j + 5), dot(j + 6), dot(j + 7)]);
+            let s = if d8 < d {
+                let tails: [f32; 8] = std::array::from_fn(|i| dot_tail(j + i));
+                _mm256_add_ps(s, _mm256_loadu_ps(tails.as_ptr()))
+            } else {
+                s
+            };
+            let s = _mm256_mul_ps(s, scale_v);
+            maxv = _mm256_max_ps(maxv, s);
+            _mm256_storeu_ps(scores.as_mut_ptr().add(j), s);
+            j += 8;
+        }
+        let mut max = hmax(maxv);
+        while j < visible {
+            let s = (hsum(dot(j)) + if d8 < d { dot_tail(j) } else { 0.0 }) * scale;
+            scores[j] = s;
+            max = max.max(s);
+            j += 1;
+        }
+        // Softmax numerators and their sum.
+        let maxb = _mm256_set1_ps(max);
+        let mut sumv = _mm256_setzero_ps();
+        let mut j = 0;
+        while j + 8 <= visible {
+            let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), maxb));
+            sumv = _mm256_add_ps(sumv, e);
+            _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
+            j += 8;
+        }
+        let mut sum = hsum(sumv);
+        while j < visible {
+            let mut tmp = [0f32; 8];
+            tmp[0] = scores[j] - max;
+            let e = exp_neg(_mm256_loadu_ps(tmp.as_ptr()));
+            _mm256_storeu_ps(tmp.as_mut_ptr(), e);
+            scores[j] = tmp[0];
+            sum += tmp[0];
+            j += 1;
+        }
+        // Weighted sum of values, in key order.
+        const MAXV: usize = 32; // head_dim up to 256
+        let nv = d8 / 8;
+        let mut acc = [_mm256_setzero_ps(); MAXV];
+        let mut tail = [0f32; 8];
+        for (j, &p) in scores[..visible].iter().enumerate() {
+            let v = vp.add(row(j));
+            let pb = _mm256_set1_ps(p);
+            for (i, a) in acc.iter_mut().take(nv).enumerate() {
+                *a = _mm256_fmadd_ps(pb, E::load8(v.add(i * 8)), *a);
+            }
+            for (i, t) in tail.iter_mut().take(d - d8).enumerate() {
+                *t += p * (*v.add(d8 + i)).to_f32();
+            }
+        }
+        let inv = _mm256_set1_ps(1.0 / sum);
+        for (i, a) in acc.iter().take(nv).enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(i * 8), _mm256_mul_ps(*a, inv));
+        }
+        for (i, t) in tail.iter().take(d - d8).enumerate() {
+            out[d8 + i] = t * (1.0 / sum);
+        }
+    }
+}
