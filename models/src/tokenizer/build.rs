@@ -34,7 +34,9 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
         .ok_or_else(|| Error::Format("GGUF has no tokenizer.ggml.tokens".into()))?;
     let n = pieces.len();
     if n == 0 || n > u32::MAX as usize {
-        return Err(Error::Format(format!("tokenizer.ggml.tokens has {n} entries")));
+        return Err(Error::Format(format!(
+            "tokenizer.ggml.tokens has {n} entries"
+        )));
     }
     let kinds = gguf_kinds(g, &pieces)?;
     let id = |key: &str| -> Option<u32> {
@@ -59,14 +61,23 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
         "gpt2" => {
             let pre = g.get_str("tokenizer.ggml.pre").unwrap_or("");
             let (pre_tokenizer, ignore_merges, add_bos_default) = pre_tokenizer_for(pre);
-            let merges = string_array(g, "tokenizer.ggml.merges")?
-                .ok_or_else(|| Error::Format("gpt2 tokenizer without tokenizer.ggml.merges".into()))?;
+            let merges = string_array(g, "tokenizer.ggml.merges")?.ok_or_else(|| {
+                Error::Format("gpt2 tokenizer without tokenizer.ggml.merges".into())
+            })?;
             let hf = byte_level_bpe(&pieces, &merges, pre_tokenizer, ignore_merges)?;
             let space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(false);
             if space {
-                tracing::warn!("tokenizer.ggml.add_space_prefix is set on a gpt2 tokenizer; ignored");
+                tracing::warn!(
+                    "tokenizer.ggml.add_space_prefix is set on a gpt2 tokenizer; ignored"
+                );
             }
-            (Some(hf), None, DecodeStyle::ByteLevel, add_bos_default, false)
+            (
+                Some(hf),
+                None,
+                DecodeStyle::ByteLevel,
+                add_bos_default,
+                false,
+            )
         }
         "llama" => {
             let scores = float_array(g, "tokenizer.ggml.scores")?.unwrap_or_else(|| vec![0.0; n]);
@@ -77,12 +88,22 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
                 )));
             }
             if flag("tokenizer.ggml.remove_extra_whitespaces") == Some(true) {
-                return Err(Error::Unsupported("tokenizer.ggml.remove_extra_whitespaces".into()));
+                return Err(Error::Unsupported(
+                    "tokenizer.ggml.remove_extra_whitespaces".into(),
+                ));
             }
             let unk = id("tokenizer.ggml.unknown_token_id");
             let space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
             let spm = SpmEncoder::new(&pieces, &kinds, scores, unk);
-            (None, Some(spm), DecodeStyle::SentencePiece { strip_leading_space: space }, true, space)
+            (
+                None,
+                Some(spm),
+                DecodeStyle::SentencePiece {
+                    strip_leading_space: space,
+                },
+                true,
+                space,
+            )
         }
         other => {
             return Err(Error::Unsupported(format!(
@@ -93,8 +114,16 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
 
     let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default);
     let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
-    let prefix = if add_bos { bos.into_iter().collect() } else { Vec::new() };
-    let suffix = if add_eos { eos.into_iter().collect() } else { Vec::new() };
+    let prefix = if add_bos {
+        bos.into_iter().collect()
+    } else {
+        Vec::new()
+    };
+    let suffix = if add_eos {
+        eos.into_iter().collect()
+    } else {
+        Vec::new()
+    };
 
     Ok(Parts {
         encoder_hf,
@@ -159,18 +188,30 @@ fn parse_byte_piece(piece: &str) -> Option<u8> {
 
 fn string_array(g: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v.as_array().ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
+    let arr = v
+        .as_array()
+        .ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
     arr.iter()
-        .map(|x| x.as_str().map(str::to_owned).ok_or_else(|| Error::Format(format!("{key} holds a non-string"))))
+        .map(|x| {
+            x.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Error::Format(format!("{key} holds a non-string")))
+        })
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
 
 fn float_array(g: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v.as_array().ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
+    let arr = v
+        .as_array()
+        .ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
     arr.iter()
-        .map(|x| x.as_f64().map(|f| f as f32).ok_or_else(|| Error::Format(format!("{key} holds a non-number"))))
+        .map(|x| {
+            x.as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| Error::Format(format!("{key} holds a non-number")))
+        })
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
@@ -179,21 +220,26 @@ fn float_array(g: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
 /// whole words found in the vocabulary without merging (`ignore_merges`), and whether BOS is
 /// added by default.
 fn pre_tokenizer_for(pre: &str) -> (Value, bool, bool) {
-    let byte_level = |use_regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-    };
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
     let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
     let seq = |v: Vec<Value>| json!({"type": "Sequence", "pretokenizers": v});
     match pre {
         // Digits one by one, then GPT-2's regex.
         "smollm" | "starcoder" | "refact" | "codeshell" => (
-            seq(vec![json!({"type": "Digits", "individual_digits": true}), byte_level(true)]),
+            seq(vec![
+                json!({"type": "Digits", "individual_digits": true}),
+                byte_level(true),
+            ]),
             false,
             false,
         ),
         "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" => (byte_level(true), false, false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => (seq(vec![split(LLAMA3_RE), byte_level(false)]), true, true),
-        "qwen2" | "deepseek-r1-qwen" | "stablelm2" => (seq(vec![split(QWEN2_RE), byte_level(false)]), false, false),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => {
+            (seq(vec![split(LLAMA3_RE), byte_level(false)]), true, true)
+        }
+        "qwen2" | "deepseek-r1-qwen" | "stablelm2" => {
+            (seq(vec![split(QWEN2_RE), byte_level(false)]), false, false)
+        }
         "default" | "" => (default_pre_tokenizer(), false, false),
         other => {
             tracing::warn!(
@@ -220,7 +266,12 @@ fn default_pre_tokenizer() -> Value {
 }
 
 /// A byte-level BPE pipeline over `pieces` (ids in order) and `merges` ("left right" strings).
-fn byte_level_bpe(pieces: &[String], merges: &[String], pre: Value, ignore_merges: bool) -> Result<tokenizers::Tokenizer> {
+fn byte_level_bpe(
+    pieces: &[String],
+    merges: &[String],
+    pre: Value,
+    ignore_merges: bool,
+) -> Result<tokenizers::Tokenizer> {
     let mut vocab = Map::with_capacity(pieces.len());
     for (i, p) in pieces.iter().enumerate() {
         // Duplicate entries: the last id wins, as in llama.cpp.
@@ -230,7 +281,11 @@ fn byte_level_bpe(pieces: &[String], merges: &[String], pre: Value, ignore_merge
         .iter()
         .map(|m| {
             // Split at the first space after the first character (a piece may be a lone space).
-            let cut = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
+            let cut = m
+                .char_indices()
+                .skip(1)
+                .find(|&(_, c)| c == ' ')
+                .map(|(i, _)| i);
             match cut {
                 Some(i) => Ok(json!([&m[..i], &m[i + 1..]])),
                 None => Err(Error::Format(format!("malformed BPE merge {m:?}"))),
@@ -259,7 +314,8 @@ fn byte_level_bpe(pieces: &[String], merges: &[String], pre: Value, ignore_merge
             "merges": merges,
         },
     });
-    serde_json::from_value(doc).map_err(|e| Error::Tokenizer(format!("building the BPE tokenizer: {e}")))
+    serde_json::from_value(doc)
+        .map_err(|e| Error::Tokenizer(format!("building the BPE tokenizer: {e}")))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,7 +335,10 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let (json_path, dir) = if path.is_dir() {
         (path.join("tokenizer.json"), path.to_path_buf())
     } else {
-        (path.to_path_buf(), path.parent().map(Path::to_path_buf).unwrap_or_default())
+        (
+            path.to_path_buf(),
+            path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        )
     };
     let text = std::fs::read_to_string(&json_path).map_err(|e| Error::io(&json_path, e))?;
     let mut root: Value = serde_json::from_str(&text)
@@ -293,9 +352,14 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let model = root.get("model").cloned().unwrap_or(Value::Null);
     let model_type = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
     if model_type != "BPE" {
-        return Err(Error::Unsupported(format!("tokenizer.json model type {model_type} (only BPE)")));
+        return Err(Error::Unsupported(format!(
+            "tokenizer.json model type {model_type} (only BPE)"
+        )));
     }
-    let byte_fallback = model.get("byte_fallback").and_then(Value::as_bool).unwrap_or(false);
+    let byte_fallback = model
+        .get("byte_fallback")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let vocab = model
         .get("vocab")
         .and_then(Value::as_object)
@@ -309,13 +373,18 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
         .max()
         .ok_or_else(|| Error::Format("empty vocabulary".into()))?;
     if max_id >= u32::MAX as u64 || max_id > 16 * 1024 * 1024 {
-        return Err(Error::Format(format!("token id {max_id} is implausibly large")));
+        return Err(Error::Format(format!(
+            "token id {max_id} is implausibly large"
+        )));
     }
     let n = max_id as usize + 1;
     let mut pieces = vec![String::new(); n];
     let mut kinds = vec![TokenKind::Unused; n];
     for (piece, id) in vocab {
-        let id = id.as_u64().ok_or_else(|| Error::Format(format!("vocab entry {piece:?} has no id")))? as usize;
+        let id = id
+            .as_u64()
+            .ok_or_else(|| Error::Format(format!("vocab entry {piece:?} has no id")))?
+            as usize;
         pieces[id] = piece.clone();
         kinds[id] = match byte_fallback.then(|| parse_byte_piece(piece)).flatten() {
             Some(b) => TokenKind::Byte(b),
@@ -325,7 +394,11 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let mut strip_flags = HashMap::new();
     for a in &added {
         pieces[a.id as usize] = a.content.clone();
-        kinds[a.id as usize] = if a.special { TokenKind::Control } else { TokenKind::UserDefined };
+        kinds[a.id as usize] = if a.special {
+            TokenKind::Control
+        } else {
+            TokenKind::UserDefined
+        };
         if a.lstrip || a.rstrip {
             strip_flags.insert(a.id, (a.lstrip, a.rstrip));
         }
@@ -355,7 +428,11 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let gen_ids = |key: &str| -> Vec<u32> {
         match gen_config.as_ref().and_then(|c| c.get(key)) {
             Some(Value::Number(x)) => x.as_u64().map(|v| v as u32).into_iter().collect(),
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|v| v as u32)
+                .collect(),
             _ => Vec::new(),
         }
     };
@@ -364,8 +441,15 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
         .or_else(|| gen_ids("bos_token_id").first().copied())
         .or_else(|| prefix.first().copied());
     let gen_eos = gen_ids("eos_token_id");
-    let eos = cfg_token("eos_token").and_then(|s| lookup(&s)).or_else(|| gen_eos.first().copied());
-    let cfg_flag = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(Value::as_bool);
+    let eos = cfg_token("eos_token")
+        .and_then(|s| lookup(&s))
+        .or_else(|| gen_eos.first().copied());
+    let cfg_flag = |key: &str| {
+        config
+            .as_ref()
+            .and_then(|c| c.get(key))
+            .and_then(Value::as_bool)
+    };
     if let Some(b) = bos {
         match cfg_flag("add_bos_token") {
             Some(true) if !prefix.contains(&b) => prefix.insert(0, b),
@@ -468,7 +552,11 @@ fn template_field(v: &Value) -> Option<String> {
                     .and_then(Value::as_str)
             };
             named("default")
-                .or_else(|| list.first().and_then(|t| t.get("template")).and_then(Value::as_str))
+                .or_else(|| {
+                    list.first()
+                        .and_then(|t| t.get("template"))
+                        .and_then(Value::as_str)
+                })
                 .map(str::to_owned)
         }
         _ => None,
@@ -482,8 +570,10 @@ fn template_specials(post: &Value) -> (Vec<u32>, Vec<u32>) {
         Some("Sequence") => match post
             .get("processors")
             .and_then(Value::as_array)
-            .and_then(|ps| ps.iter().find(|p| p.get("type").and_then(Value::as_str) == Some("TemplateProcessing")))
-        {
+            .and_then(|ps| {
+                ps.iter()
+                    .find(|p| p.get("type").and_then(Value::as_str) == Some("TemplateProcessing"))
+            }) {
             Some(p) => p,
             None => return (Vec::new(), Vec::new()),
         },
@@ -494,17 +584,35 @@ fn template_specials(post: &Value) -> (Vec<u32>, Vec<u32>) {
             .and_then(|s| s.get(name))
             .and_then(|s| s.get("ids"))
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|v| v as u32)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
     let mut seen_seq = false;
-    for item in tp.get("single").and_then(Value::as_array).into_iter().flatten() {
+    for item in tp
+        .get("single")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if item.get("Sequence").is_some() {
             seen_seq = true;
-        } else if let Some(name) = item.get("SpecialToken").and_then(|s| s.get("id")).and_then(Value::as_str) {
+        } else if let Some(name) = item
+            .get("SpecialToken")
+            .and_then(|s| s.get("id"))
+            .and_then(Value::as_str)
+        {
             let ids = ids_of(name);
-            if seen_seq { suffix.extend(ids) } else { prefix.extend(ids) }
+            if seen_seq {
+                suffix.extend(ids)
+            } else {
+                prefix.extend(ids)
+            }
         }
     }
     (prefix, suffix)
@@ -524,7 +632,12 @@ fn decode_style(decoder: &Value) -> Result<DecodeStyle> {
     }
     let mut parts = Vec::new();
     walk(decoder, &mut parts);
-    let ty = |v: &Value| v.get("type").and_then(Value::as_str).unwrap_or("").to_owned();
+    let ty = |v: &Value| {
+        v.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
     if parts.iter().any(|d| ty(d) == "ByteLevel") {
         return Ok(DecodeStyle::ByteLevel);
     }
@@ -532,23 +645,38 @@ fn decode_style(decoder: &Value) -> Result<DecodeStyle> {
         let t = ty(d);
         t == "Metaspace"
             || t == "ByteFallback"
-            || (t == "Replace" && d.get("pattern").and_then(|p| p.get("String")).and_then(Value::as_str) == Some("▁"))
+            || (t == "Replace"
+                && d.get("pattern")
+                    .and_then(|p| p.get("String"))
+                    .and_then(Value::as_str)
+                    == Some("▁"))
     });
     if !spm_like {
         return Err(Error::Unsupported(format!(
             "tokenizer.json decoder {} (supported: ByteLevel, SentencePiece-style)",
-            if decoder.is_null() { "null".to_owned() } else { decoder.to_string().chars().take(120).collect() }
+            if decoder.is_null() {
+                "null".to_owned()
+            } else {
+                decoder.to_string().chars().take(120).collect()
+            }
         )));
     }
     let strip_leading_space = parts.iter().any(|d| match ty(d).as_str() {
         "Strip" => d.get("start").and_then(Value::as_u64).unwrap_or(0) > 0,
         "Metaspace" => {
-            d.get("add_prefix_space").and_then(Value::as_bool).unwrap_or(false)
-                || matches!(d.get("prepend_scheme").and_then(Value::as_str), Some("first" | "always"))
+            d.get("add_prefix_space")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                || matches!(
+                    d.get("prepend_scheme").and_then(Value::as_str),
+                    Some("first" | "always")
+                )
         }
         _ => false,
     });
-    Ok(DecodeStyle::SentencePiece { strip_leading_space })
+    Ok(DecodeStyle::SentencePiece {
+        strip_leading_space,
+    })
 }
 
 #[cfg(test)]
@@ -585,7 +713,15 @@ mod tests {
             {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
-        assert_eq!(decode_style(&llama2).ok(), Some(DecodeStyle::SentencePiece { strip_leading_space: true }));
-        assert!(matches!(decode_style(&json!({"type": "WordPiece"})), Err(Error::Unsupported(_))));
+        assert_eq!(
+            decode_style(&llama2).ok(),
+            Some(DecodeStyle::SentencePiece {
+                strip_leading_space: true
+            })
+        );
+        assert!(matches!(
+            decode_style(&json!({"type": "WordPiece"})),
+            Err(Error::Unsupported(_))
+        ));
     }
 }
