@@ -255,14 +255,16 @@ struct JsonStyle {
 }
 
 /// `tojson(indent=None, sort_keys=False, ensure_ascii=False, separators=None)`, Hugging Face's
-/// definition: `json.dumps` output, no HTML escaping.
+/// definition: `json.dumps` output, no HTML escaping. Indents above 16 spaces are capped.
 fn tojson(
     value: Value,
     indent: Option<Value>,
     kwargs: Kwargs,
 ) -> std::result::Result<String, minijinja::Error> {
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
-        Some(v) if v.kind() == ValueKind::Number => Some(" ".repeat(v.as_usize().unwrap_or(0))),
+        Some(v) if v.kind() == ValueKind::Number => {
+            Some(" ".repeat(v.as_usize().unwrap_or(0).min(16)))
+        }
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_owned()),
         _ => None,
     };

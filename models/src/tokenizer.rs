@@ -471,7 +471,8 @@ impl Tokenizer {
         (i < self.pieces.len()).then(|| &self.bytes[self.offsets[i]..self.offsets[i + 1]])
     }
 
-    /// The id of a vocabulary entry by its raw text, e.g. `token_id("<|im_end|>")`.
+    /// The id of a vocabulary entry by its raw text, e.g. `token_id("<|im_end|>")` (a linear
+    /// scan: for set-up, not per token).
     pub fn token_id(&self, piece: &str) -> Option<u32> {
         self.pieces
             .iter()
@@ -559,6 +560,14 @@ fn byte_level_decode_into(piece: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shareable_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Tokenizer>();
+        send_sync::<IncrementalDecoder>();
+        send_sync::<StopMatcher>();
+    }
 
     #[test]
     fn byte_level_map_is_a_bijection() {

@@ -277,21 +277,30 @@ fn byte_level_bpe(
         // Duplicate entries: the last id wins, as in llama.cpp.
         vocab.insert(p.clone(), json!(i));
     }
-    let merges: Vec<Value> = merges
-        .iter()
-        .map(|m| {
-            // Split at the first space after the first character (a piece may be a lone space).
-            let cut = m
-                .char_indices()
-                .skip(1)
-                .find(|&(_, c)| c == ' ')
-                .map(|(i, _)| i);
-            match cut {
-                Some(i) => Ok(json!([&m[..i], &m[i + 1..]])),
-                None => Err(Error::Format(format!("malformed BPE merge {m:?}"))),
-            }
-        })
-        .collect::<Result<_>>()?;
+    // A merge whose parts or result are not in the vocabulary can never apply; Hugging Face
+    // rejects the whole model for one, llama.cpp ignores it: skip it (and say so).
+    let mut skipped = 0usize;
+    let mut pairs = Vec::with_capacity(merges.len());
+    for m in merges {
+        // Split at the first space after the first character (a piece may be a lone space).
+        let cut = m
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == ' ')
+            .map(|(i, _)| i)
+            .ok_or_else(|| Error::Format(format!("malformed BPE merge {m:?}")))?;
+        let (a, b) = (&m[..cut], &m[cut + 1..]);
+        if vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}"))
+        {
+            pairs.push(json!([a, b]));
+        } else {
+            skipped += 1;
+        }
+    }
+    if skipped > 0 {
+        tracing::warn!("{skipped} BPE merges use tokens outside the vocabulary; ignored");
+    }
+    let merges = pairs;
     let doc = json!({
         "version": "1.0",
         "truncation": null,
