@@ -1,0 +1,233 @@
+//! Resolves `--model` and `--device` into a loaded model, tokenizer and chat template.
+//!
+//! `--model` accepts: nothing (the default model, fetched on first use), a `.gguf` file, a
+//! Hugging Face model directory (`config.json`, `*.safetensors`, `tokenizer.json`,
+//! `tokenizer_config.json`), or `dummy:NAME[:STORAGE]` — random weights of a named shape
+//! (`STORAGE`: `f32`, `f16`, `bf16`, `q4` or `q8`; default f32 on the CPU, bf16 on a GPU).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use pace_kernels::quant::QFormat;
+
+use crate::chat::ChatTemplate;
+use crate::config::LlamaConfig;
+use crate::error::{Error, Result};
+use crate::fetch;
+use crate::gguf::{GgmlType, GgufFile};
+use crate::llama::Llama;
+use crate::tokenizer::Tokenizer;
+use crate::weights::{DummyStorage, WeightLoader};
+
+/// Where the model comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelSource {
+    /// The default model (see [`crate::fetch`]).
+    Default,
+    /// A GGUF file.
+    Gguf(PathBuf),
+    /// A Hugging Face model directory.
+    HfDir(PathBuf),
+    /// Random weights of a named shape.
+    Dummy {
+        /// Preset name (see [`LlamaConfig::PRESETS`]).
+        name: String,
+        /// Storage; `None` picks by device.
+        storage: Option<DummyStorage>,
+    },
+}
+
+impl ModelSource {
+    /// Parses a `--model` value (`None`: the default model).
+    pub fn parse(spec: Option<&str>) -> Result<Self> {
+        let Some(spec) = spec.filter(|s| !s.is_empty()) else { return Ok(Self::Default) };
+        if let Some(rest) = spec.strip_prefix("dummy:") {
+            let (name, storage) = match rest.split_once(':') {
+                Some((n, s)) => (n, Some(parse_dummy_storage(s)?)),
+                None => (rest, None),
+            };
+            LlamaConfig::preset(name)?;
+            return Ok(Self::Dummy { name: name.to_string(), storage });
+        }
+        let path = PathBuf::from(spec);
+        if path.is_dir() {
+            if !path.join("config.json").is_file() {
+                return Err(Error::Invalid(format!("{spec} is a directory without config.json")));
+            }
+            return Ok(Self::HfDir(path));
+        }
+        if path.is_file() {
+            return Ok(Self::Gguf(path));
+        }
+        Err(Error::Invalid(format!(
+            "--model {spec}: no such file or directory (give a .gguf file, a Hugging Face model directory, or dummy:NAME)"
+        )))
+    }
+
+    /// The name the model is served under by default.
+    pub fn default_name(&self) -> String {
+        match self {
+            Self::Default => fetch::DEFAULT_MODEL_NAME.to_string(),
+            Self::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()),
+            Self::HfDir(p) => p
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "model".into()),
+            Self::Dummy { name, .. } => format!("dummy-{name}"),
+        }
+    }
+}
+
+fn parse_dummy_storage(s: &str) -> Result<DummyStorage> {
+    Ok(match s {
+        "f32" => DummyStorage::Dense(DType::F32),
+        "f16" => DummyStorage::Dense(DType::F16),
+        "bf16" => DummyStorage::Dense(DType::BF16),
+        "q4" => DummyStorage::Quant(QFormat::Q4),
+        "q8" => DummyStorage::Quant(QFormat::Q8),
+        other => return Err(Error::Invalid(format!("dummy storage '{other}' (use f32, f16, bf16, q4 or q8)"))),
+    })
+}
+
+/// Parses `--device`: `auto`, `cpu`, `cuda` or `cuda:N`. `auto` picks the first GPU when one is
+/// usable and says so; asking for CUDA where there is none is an error that says why.
+pub fn parse_device(spec: &str) -> Result<Device> {
+    let cuda = |n: usize| {
+        Device::new_cuda(n).map_err(|e| {
+            Error::Invalid(format!(
+                "--device {spec}: CUDA device {n} is not usable ({e}); this build of pace {} CUDA",
+                if candle_core::utils::cuda_is_available() { "has" } else { "was built without" }
+            ))
+        })
+    };
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        "auto" => {
+            if candle_core::utils::cuda_is_available() {
+                match Device::new_cuda(0) {
+                    Ok(d) => {
+                        tracing::info!("--device auto: using CUDA device 0");
+                        return Ok(d);
+                    }
+                    Err(e) => tracing::info!("--device auto: no usable GPU ({e}); using the CPU"),
+                }
+            } else {
+                tracing::info!("--device auto: built without CUDA; using the CPU");
+            }
+            Ok(Device::Cpu)
+        }
+        "cuda" | "gpu" => cuda(0),
+        s => match s.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => cuda(n),
+            None => Err(Error::Invalid(format!("--device {s}: use auto, cpu, cuda or cuda:N"))),
+        },
+    }
+}
+
+/// Options for [`load`].
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Compute device.
+    pub device: Device,
+    /// Longest sequence to support (prompt + output); `None`: the model's own limit.
+    pub max_model_len: Option<usize>,
+    /// Seed of dummy weights.
+    pub seed: u64,
+}
+
+/// A model ready to run, with its text front end.
+pub struct LoadedModel {
+    /// The model.
+    pub model: Llama,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Its chat template.
+    pub chat_template: ChatTemplate,
+    /// Default served name.
+    pub name: String,
+    /// Longest sequence supported.
+    pub max_model_len: usize,
+    /// What was loaded, for the log.
+    pub description: String,
+}
+
+/// Loads the model named by `source`.
+pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
+    let dev = &opts.device;
+    let (cfg, loader, tokenizer, description) = match source {
+        ModelSource::Default => {
+            let path = fetch::default_model_path()?;
+            gguf_parts(&path, dev)?
+        }
+        ModelSource::Gguf(p) => gguf_parts(p, dev)?,
+        ModelSource::HfDir(dir) => {
+            let text = read(&dir.join("config.json"))?;
+            let cfg = LlamaConfig::from_hf_json(&text)?;
+            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| Error::io(dir, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                return Err(Error::Invalid(format!("{}: no *.safetensors files", dir.display())));
+            }
+            let dtype = if dev.is_cpu() { DType::F32 } else { hf_dtype(&text) };
+            let loader = WeightLoader::safetensors(&files, dev.clone(), dtype)?;
+            let tokenizer = Tokenizer::from_file(dir)?;
+            (cfg, loader, tokenizer, format!("{} ({} safetensors files, {dtype:?})", dir.display(), files.len()))
+        }
+        ModelSource::Dummy { name, storage } => {
+            let cfg = LlamaConfig::preset(name)?;
+            let storage = storage.unwrap_or(if dev.is_cpu() { DummyStorage::Dense(DType::F32) } else { DummyStorage::Dense(DType::BF16) });
+            let dtype = match (dev.is_cpu(), storage) {
+                (true, _) => DType::F32,
+                (false, DummyStorage::Dense(d)) => d,
+                (false, DummyStorage::Quant(_)) => DType::F32,
+            };
+            let loader = WeightLoader::dummy(opts.seed, storage, dev.clone(), dtype);
+            let tokenizer = dummy_tokenizer(cfg.vocab_size)?;
+            (cfg, loader, tokenizer, format!("dummy {name} ({storage:?}, seed {})", opts.seed))
+        }
+    };
+    let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
+    if max_model_len == 0 {
+        return Err(Error::Invalid("--max-model-len must be positive".into()));
+    }
+    let model = Llama::load(&cfg, &loader, max_model_len)?;
+    let chat_template = ChatTemplate::for_tokenizer(&tokenizer)?;
+    Ok(LoadedModel { model, tokenizer, chat_template, name: source.default_name(), max_model_len, description })
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
+/// The checkpoint's `torch_dtype` for GPU compute (bf16 unless it says f16).
+fn hf_dtype(config_json: &str) -> DType {
+    let v: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+    match v.get("torch_dtype").and_then(|d| d.as_str()) {
+        Some("float16") => DType::F16,
+        Some("float32") => DType::F32,
+        _ => DType::BF16,
+    }
+}
+
+fn gguf_parts(path: &Path, dev: &Device) -> Result<(LlamaConfig, WeightLoader, Tokenizer, String)> {
+    let g = Arc::new(GgufFile::open(path)?);
+    let cfg = LlamaConfig::from_gguf(&g)?;
+    let tokenizer = Tokenizer::from_gguf(&g)?;
+    let quantized = g.tensors.iter().any(|t| !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
+    // Quantized weights take f32 activations (pace's CPU kernels and candle's GPU ones alike);
+    // a dense GGUF on a GPU computes in bf16.
+    let dtype = if dev.is_cpu() || quantized { DType::F32 } else { DType::BF16 };
+    let desc = format!("{} (GGUF v{}, {} tensors)", path.display(), g.version, g.tensors.len());
+    Ok((cfg, WeightLoader::gguf(g, dev.clone(), dtype), tokenizer, desc))
+}
+
+/// Dummy models have no tokenizer of their own. TODO: a byte-level tokenizer of the model's size.
+fn dummy_tokenizer(_vocab: usize) -> Result<Tokenizer> {
+    Err(Error::Unsupported("dummy models need a tokenizer; pending".into()))
+}

@@ -1,0 +1,164 @@
+//! The model runner: executes a scheduler's [`BatchPlan`] as one forward pass and samples.
+//!
+//! It owns the model, the KV cache and each request's sampler; it makes no decisions. The
+//! scheduler owns the block tables and says which tokens run; the runner turns the plan into
+//! tensors (token ids, positions, KV slots, attention metadata), runs the model, and samples the
+//! positions the plan marks.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use pace_kernels::attention::check_slots;
+use pace_kernels::PagedAttentionMeta;
+use pace_scheduler::{BatchPlan, RequestId, StepOutput};
+
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::llama::{Llama, StepInput};
+use crate::sampler::Sampler;
+
+/// Executes plans on one model and one KV cache.
+pub struct ModelRunner {
+    model: Llama,
+    cache: KvCache,
+    samplers: HashMap<RequestId, Sampler>,
+}
+
+impl ModelRunner {
+    /// A runner over a loaded model and its allocated cache.
+    pub fn new(model: Llama, cache: KvCache) -> Self {
+        Self { model, cache, samplers: HashMap::new() }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    /// Blocks in the KV cache, the null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.cache.geometry.num_blocks
+    }
+
+    /// Positions per KV block.
+    pub fn block_size(&self) -> usize {
+        self.cache.geometry.block_size
+    }
+
+    /// Registers a request's sampler before its first step.
+    pub fn add_request(&mut self, id: RequestId, sampler: Sampler) {
+        self.samplers.insert(id, sampler);
+    }
+
+    /// Requests with live sampler state.
+    pub fn num_requests(&self) -> usize {
+        self.samplers.len()
+    }
+
+    /// Runs one step. On error no token is sampled; the caller fails the step's requests.
+    pub fn execute(&mut self, plan: &BatchPlan) -> Result<StepOutput> {
+        for id in &plan.released {
+            self.samplers.remove(id);
+        }
+        if plan.seqs.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        let input = self.prepare(plan, None)?;
+        let logits = self.model.forward(&input, &self.cache)?;
+        let mut rows = logits.to_vec2::<f32>()?;
+        let mut sampled = Vec::with_capacity(rows.len());
+        for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {
+            let sampler = self
+                .samplers
+                .get_mut(&s.id)
+                .ok_or_else(|| Error::Invalid(format!("request {} has no sampler", s.id)))?;
+            let mut tok = sampler.sample(row)?;
+            tok.id = s.id;
+            sampled.push(tok);
+        }
+        Ok(StepOutput { sampled })
+    }
+
+    /// Logits at positions `from..tokens.len()` of one sequence, computed by a single prefill
+    /// through `block_table` (which the caller owns for the duration). For prompt logprobs and
+    /// for checking the model against references.
+    pub fn prompt_logits(&mut self, tokens: &[u32], block_table: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
+        if from >= tokens.len() {
+            return Ok(Vec::new());
+        }
+        let plan = BatchPlan {
+            step: 0,
+            seqs: vec![pace_scheduler::SeqSlice {
+                id: RequestId::MAX,
+                tokens: tokens.to_vec(),
+                start_pos: 0,
+                block_table: block_table.to_vec(),
+                sample: false,
+            }],
+            released: vec![],
+        };
+        let wanted: Vec<u32> = (from as u32..tokens.len() as u32).collect();
+        let input = self.prepare(&plan, Some(wanted))?;
+        Ok(self.model.forward(&input, &self.cache)?.to_vec2::<f32>()?)
+    }
+
+    fn prepare(&self, plan: &BatchPlan, sample_at: Option<Vec<u32>>) -> Result<StepInput> {
+        let geo = self.cache.geometry;
+        let bs = geo.block_size;
+        let vocab = self.model.config().vocab_size as u32;
+        let n_tok = plan.num_tokens();
+        let max_blocks = plan.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+        let mut ids = Vec::with_capacity(n_tok);
+        let mut positions = Vec::with_capacity(n_tok);
+        let mut slots = Vec::with_capacity(n_tok);
+        let mut cu = Vec::with_capacity(plan.seqs.len() + 1);
+        let mut ctx = Vec::with_capacity(plan.seqs.len());
+        let mut tables = Vec::with_capacity(plan.seqs.len() * max_blocks);
+        let mut sample_idx = Vec::new();
+        cu.push(0u32);
+        for s in &plan.seqs {
+            if s.tokens.is_empty() {
+                return Err(Error::Invalid(format!("request {} has an empty slice", s.id)));
+            }
+            if s.context_len() > self.model.max_positions() {
+                return Err(Error::Invalid(format!(
+                    "request {} reaches position {}, beyond the {} positions configured",
+                    s.id,
+                    s.context_len(),
+                    self.model.max_positions()
+                )));
+            }
+            if s.block_table.len() * bs < s.context_len() {
+                return Err(Error::Invalid(format!("request {}: block table too short", s.id)));
+            }
+            for (j, &tok) in s.tokens.iter().enumerate() {
+                if tok >= vocab {
+                    return Err(Error::Invalid(format!("token id {tok} is outside the vocabulary")));
+                }
+                let pos = s.start_pos + j;
+                ids.push(tok);
+                positions.push(pos as u32);
+                slots.push(s.block_table[pos / bs] * bs as u32 + (pos % bs) as u32);
+            }
+            if s.sample {
+                sample_idx.push(ids.len() as u32 - 1);
+            }
+            cu.push(ids.len() as u32);
+            ctx.push(s.context_len() as u32);
+            tables.extend_from_slice(&s.block_table);
+            tables.extend(std::iter::repeat_n(0, max_blocks - s.block_table.len()));
+        }
+        check_slots(&slots, &geo)?;
+        let sample_idx = sample_at.unwrap_or(sample_idx);
+        let dev = self.model.device();
+        let attn = PagedAttentionMeta::new(cu, ctx, tables, max_blocks, geo, dev)?;
+        Ok(StepInput {
+            token_ids: Tensor::from_slice(&ids, n_tok, dev)?,
+            positions: Tensor::from_slice(&positions, n_tok, dev)?,
+            slots: Tensor::from_slice(&slots, n_tok, dev)?,
+            sample_idx: Tensor::from_slice(&sample_idx, sample_idx.len(), dev)?,
+            token_ids_host: ids,
+            attn,
+        })
+    }
+}
