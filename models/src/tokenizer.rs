@@ -196,6 +196,12 @@ impl Tokenizer {
         Self::assemble(build::from_hf_file(path)?)
     }
 
+    /// A byte-level tokenizer of `vocab_size` tokens for models that ship none (dummy weights):
+    /// one token per byte, `<|endoftext|>` as BOS/EOS, ChatML as chat template.
+    pub fn byte_level(vocab_size: usize) -> Result<Self> {
+        Self::assemble(build::byte_vocab(vocab_size)?)
+    }
+
     fn assemble(p: Parts) -> Result<Self> {
         let encoder = match (p.encoder_hf, p.encoder_spm) {
             (Some(hf), _) => Encoder::Hf(Box::new(hf)),

@@ -538,3 +538,17 @@ fn missing_or_malformed_files_are_errors() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Dummy models get a byte-level tokenizer: one token per byte, exact round trip.
+#[test]
+fn byte_level_tokenizer_round_trips() {
+    let t = pace_models::tokenizer::Tokenizer::byte_level(1000).unwrap();
+    assert_eq!(t.vocab_size(), 1000);
+    let text = "héllo, wörld 🎉 <|im_start|>";
+    let ids = t.encode(text, false).unwrap();
+    assert_eq!(ids.len(), text.len());
+    assert!(ids.iter().all(|&i| i < 256));
+    assert_eq!(t.decode(&ids, false).unwrap(), text);
+    assert_eq!(t.eos_token_ids(), &[256]);
+    assert!(pace_models::tokenizer::Tokenizer::byte_level(100).is_err());
+}

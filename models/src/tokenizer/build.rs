@@ -142,6 +142,40 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
     })
 }
 
+/// A byte-level vocabulary of `vocab_size` tokens for models without a tokenizer of their own
+/// (dummy weights): ids 0-255 are the bytes, 256 is `<|endoftext|>` (BOS and EOS), the rest are
+/// unused fillers. Text encodes to one token per byte; every output decodes.
+pub(super) fn byte_vocab(vocab_size: usize) -> Result<Parts> {
+    if vocab_size < 257 {
+        return Err(Error::Invalid(format!("a byte-level vocabulary needs at least 257 tokens, not {vocab_size}")));
+    }
+    let chars = super::byte_level_chars();
+    let mut pieces: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+    let mut kinds = vec![TokenKind::Normal; 256];
+    pieces.push("<|endoftext|>".into());
+    kinds.push(TokenKind::Control);
+    for i in 257..vocab_size {
+        pieces.push(format!("<|unused_{i}|>"));
+        kinds.push(TokenKind::Unused);
+    }
+    let hf = byte_level_bpe(&pieces[..256], &[], default_pre_tokenizer(), false)?;
+    Ok(Parts {
+        encoder_hf: Some(hf),
+        encoder_spm: None,
+        pieces,
+        kinds,
+        strip_flags: HashMap::new(),
+        style: DecodeStyle::ByteLevel,
+        bos: Some(256),
+        eos: Some(256),
+        extra_eog: Vec::new(),
+        prefix: Vec::new(),
+        suffix: Vec::new(),
+        add_space_prefix: false,
+        chat_template: None,
+    })
+}
+
 /// Token kinds from `tokenizer.ggml.token_type` (llama.cpp's token types: 1 normal, 2 unknown,
 /// 3 control, 4 user-defined, 5 unused, 6 byte). Missing array: all normal, except the
 /// end-of-generation markers.

@@ -1,0 +1,243 @@
+//! Command-line arguments shared by the subcommands that run the model, and the engine
+//! construction from them (model loading, KV-cache sizing, start-up cost profile).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
+use pace_models::kv_cache::KvCache;
+use pace_models::llama::Llama;
+use pace_models::loader::{load, parse_device, LoadOptions, LoadedModel, ModelSource};
+use pace_models::runner::ModelRunner;
+use pace_models::sampler::{Sampler, SamplingParams};
+use pace_scheduler::cost::{StepCostModel, StepShape};
+use pace_scheduler::{BatchPlan, Scheduler, SchedulerConfig, SeqSlice};
+
+use crate::engine::EngineCore;
+
+/// Model, device and engine-shape flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Model: a .gguf file, a Hugging Face model directory, or dummy:NAME[:f32|f16|bf16|q4|q8].
+    /// Default: SmolLM2-135M-Instruct (Q4_1 GGUF), fetched into $PACE_HOME or ~/.cache/pace on
+    /// first use.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Compute device: auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// CPU threads for the model's kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub block_size: u32,
+    /// KV-cache blocks (overrides --kv-cache-memory).
+    #[arg(long)]
+    pub kv_cache_blocks: Option<usize>,
+    /// Memory for the KV cache, e.g. 2GiB or 512MiB.
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: u64,
+    /// KV-cache element type: auto (f16 on the CPU, bf16 on a GPU), f32, f16 or bf16.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
+    pub kv_cache_dtype: String,
+    /// Longest sequence (prompt + output) served; default: the model's context length.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one step.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens in one step (prefill chunks + decodes); default 512 on the CPU, 8192 on a GPU.
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Seed of dummy weights.
+    #[arg(long, default_value_t = 0)]
+    pub weight_seed: u64,
+}
+
+/// Parses a byte size with an optional unit (B, KiB, MiB, GiB, KB, MB, GB).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("'{s}' is not a size like 2GiB"))?;
+    let mul = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit '{other}' in '{s}'")),
+    };
+    if !(v > 0.0 && v.is_finite()) {
+        return Err(format!("'{s}' must be a positive size"));
+    }
+    Ok((v * mul) as u64)
+}
+
+/// Builds rayon's global pool once (the kernels' threads). Idle workers sleep rather than spin.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if n == 0 {
+        bail!("--threads must be at least 1");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("pace-kernel-{i}"))
+        .build_global()
+        .context("starting the kernel thread pool")
+}
+
+impl EngineArgs {
+    /// Loads the model named by the flags.
+    pub fn load(&self) -> Result<LoadedModel> {
+        init_threads(self.threads)?;
+        let device = parse_device(&self.device)?;
+        let source = ModelSource::parse(self.model.as_deref())?;
+        tracing::info!("loading {source:?} on {device:?}");
+        let t0 = Instant::now();
+        let m = load(&source, &LoadOptions { device, max_model_len: self.max_model_len, seed: self.weight_seed })?;
+        tracing::info!("loaded {} in {:.1} s", m.description, t0.elapsed().as_secs_f64());
+        Ok(m)
+    }
+
+    fn kv_dtype(&self, model: &Llama) -> DType {
+        match self.kv_cache_dtype.as_str() {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            _ if model.device().is_cpu() => DType::F16,
+            _ => DType::BF16,
+        }
+    }
+}
+
+/// Builds the engine: allocates the KV cache, the scheduler with `policy`, and seeds the
+/// scheduler's step-cost model with a short profile of the real model.
+pub fn build_engine(args: &EngineArgs, model: Llama, max_model_len: usize, policy: &str) -> Result<EngineCore> {
+    build_engine_with(args, model, max_model_len, policy, |_| {})
+}
+
+/// As [`build_engine`], letting the caller adjust the scheduler configuration.
+pub fn build_engine_with(
+    args: &EngineArgs,
+    model: Llama,
+    max_model_len: usize,
+    policy: &str,
+    adjust: impl FnOnce(&mut SchedulerConfig),
+) -> Result<EngineCore> {
+    let cfg = model.config().clone();
+    let bs = args.block_size as usize;
+    let dtype = args.kv_dtype(&model);
+    let per_block = KvCache::bytes_per_block(&cfg, bs, dtype);
+    let blocks = match args.kv_cache_blocks {
+        Some(b) => b,
+        None => (args.kv_cache_memory / per_block as u64) as usize,
+    };
+    if blocks < 2 {
+        bail!("the KV cache holds {blocks} blocks of {per_block} bytes; give it more memory (--kv-cache-memory)");
+    }
+    let cache = KvCache::new(&cfg, blocks, bs, dtype, model.device()).context("allocating the KV cache")?;
+    tracing::info!(
+        "KV cache: {blocks} blocks x {bs} tokens ({} tokens, {:.0} MiB, {dtype:?})",
+        (blocks - 1) * bs,
+        (blocks * per_block) as f64 / (1 << 20) as f64
+    );
+    let on_cpu = model.device().is_cpu();
+    let mut runner = ModelRunner::new(model, cache);
+    let mut sc = SchedulerConfig {
+        block_size: bs,
+        num_kv_blocks: blocks,
+        max_num_seqs: args.max_num_seqs.max(1),
+        max_batch_tokens: args.max_batch_tokens.unwrap_or(if on_cpu { 512 } else { 8192 }).max(1),
+        max_model_len,
+        ..SchedulerConfig::default()
+    };
+    adjust(&mut sc);
+    let samples = profile(&mut runner, &sc).context("profiling the model at start-up")?;
+    let model = StepCostModel::from_profile(sc.cost_prior, &samples);
+    tracing::info!("step-cost model from the start-up profile: {:?}", model.coeffs());
+    let Some(mut scheduler) = Scheduler::with_policy_name(sc, policy) else {
+        bail!("unknown scheduler policy '{policy}'");
+    };
+    scheduler.set_cost_model(model);
+    Ok(EngineCore::new(scheduler, runner))
+}
+
+/// Times a few representative steps (a prefill chunk, decode batches of several sizes) on
+/// scratch blocks, so the scheduler's cost model starts from this machine's numbers.
+fn profile(runner: &mut ModelRunner, sc: &SchedulerConfig) -> Result<Vec<(StepShape, f64)>> {
+    let bs = sc.block_size;
+    let usable = sc.num_kv_blocks - 1;
+    let chunk = sc.max_batch_tokens.min(256).min(usable * bs).max(2);
+    let mut samples = Vec::new();
+    let mut run = |runner: &mut ModelRunner, seqs: Vec<SeqSlice>| -> Result<()> {
+        let ids: Vec<u64> = seqs.iter().map(|s| s.id).collect();
+        for s in &seqs {
+            runner.add_request(s.id, Sampler::new(SamplingParams::greedy(), &[]).map_err(|e| anyhow::anyhow!(e.message))?);
+        }
+        let plan = BatchPlan { step: 0, seqs, released: vec![] };
+        let t0 = Instant::now();
+        runner.execute(&plan)?;
+        samples.push((StepShape::of(&plan), t0.elapsed().as_secs_f64()));
+        runner.execute(&BatchPlan { step: 0, seqs: vec![], released: ids })?;
+        Ok(())
+    };
+    let table = |first: usize, n: usize| -> Vec<u32> { (first..first + n).map(|b| b as u32).collect() };
+    let prefill = |chunk: usize| -> Option<SeqSlice> {
+        let blocks = chunk.div_ceil(bs);
+        (chunk >= 2 && blocks <= usable).then(|| SeqSlice {
+            id: u64::MAX - 1,
+            tokens: vec![1; chunk],
+            start_pos: 0,
+            block_table: table(1, blocks),
+            sample: true,
+        })
+    };
+    let decode = |n: usize, ctx: usize| -> Vec<SeqSlice> {
+        let per_seq = ctx.div_ceil(bs);
+        let n = n.min(sc.max_num_seqs).min(usable / per_seq.max(1));
+        (0..n)
+            .map(|i| SeqSlice {
+                id: u64::MAX - 100 - i as u64,
+                tokens: vec![1],
+                start_pos: ctx - 1,
+                block_table: table(1 + i * per_seq, per_seq),
+                sample: true,
+            })
+            .collect()
+    };
+    // Warm-up: first calls allocate buffers and fault in the weights.
+    if let Some(s) = prefill(chunk.min(64)) {
+        run(runner, vec![s])?;
+    }
+    let warmups = 1;
+    for c in [chunk / 4, chunk / 2, chunk] {
+        if let Some(s) = prefill(c) {
+            run(runner, vec![s])?;
+        }
+    }
+    for (n, ctx) in [(1, 32), (1, 256), (4, 64), (8, 256), (16, 64), (32, 128)] {
+        let ctx = ctx.min(sc.max_model_len).max(1);
+        let seqs = decode(n, ctx);
+        if !seqs.is_empty() {
+            run(runner, seqs)?;
+        }
+    }
+    // A mixed step: decodes riding along with a prefill chunk.
+    let mut mixed = decode(8, 64.min(sc.max_model_len).max(1));
+    if let Some(mut p) = prefill(chunk / 2) {
+        let offset = 1 + mixed.len() * 64usize.div_ceil(bs);
+        let blocks = p.tokens.len().div_ceil(bs);
+        if offset + blocks <= usable + 1 {
+            p.block_table = table(offset, blocks);
+            mixed.push(p);
+            run(runner, mixed)?;
+        }
+    }
+    drop(run);
+    samples.drain(..warmups.min(samples.len()));
+    Ok(samples)
+}

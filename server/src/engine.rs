@@ -1,0 +1,134 @@
+//! The engine core: the one owner of the scheduler and the model runner, and the step loop
+//! `schedule → execute → update`.
+//!
+//! Time is the engine's own clock (seconds since it started), read here and passed into the
+//! scheduler. A step that fails (an error or a panic inside the model) fails only the requests of
+//! that step; the engine counts consecutive failures so that `/health` can report them.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+use pace_models::runner::ModelRunner;
+use pace_models::sampler::Sampler;
+use pace_scheduler::cost::StepShape;
+use pace_scheduler::{BatchPlan, Event, NewRequest, Rejection, RequestId, Scheduler};
+
+/// What one step did.
+#[derive(Debug, Default)]
+pub struct StepReport {
+    /// Events for the requests (tokens, finishes).
+    pub events: Vec<Event>,
+    /// Tokens fed to the model.
+    pub num_tokens: usize,
+    /// Sequences in the batch.
+    pub num_seqs: usize,
+    /// Wall time of the model execution, seconds (0 if nothing ran).
+    pub exec_secs: f64,
+    /// The step's error, if it failed.
+    pub error: Option<String>,
+}
+
+/// Scheduler + runner + clock.
+pub struct EngineCore {
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    plan: BatchPlan,
+    origin: Instant,
+    consecutive_failures: u32,
+}
+
+impl EngineCore {
+    /// An engine over a scheduler and a runner sized for each other.
+    pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
+        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0 }
+    }
+
+    /// Seconds since the engine started.
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    /// Converts an instant to engine time.
+    pub fn time_of(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.origin).as_secs_f64()
+    }
+
+    /// The scheduler (read-only: stats, config).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// The runner (read-only).
+    pub fn runner(&self) -> &ModelRunner {
+        &self.runner
+    }
+
+    /// Steps that failed in a row (0 after any success).
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures
+    }
+
+    /// Admits a request, or says why not. The sampler is kept only if it is admitted.
+    pub fn add(&mut self, req: NewRequest, sampler: Sampler) -> Result<(), Rejection> {
+        let id = req.id;
+        let now = self.now();
+        self.scheduler.add(req, now)?;
+        self.runner.add_request(id, sampler);
+        Ok(())
+    }
+
+    /// Ends a request whose client went away.
+    pub fn abort(&mut self, id: RequestId) -> Option<Event> {
+        let now = self.now();
+        self.scheduler.abort(id, now)
+    }
+
+    /// Ends a request as `stop` (the server matched a stop string).
+    pub fn stop(&mut self, id: RequestId) -> Option<Event> {
+        let now = self.now();
+        self.scheduler.finish(id, pace_scheduler::FinishReason::Stop, now)
+    }
+
+    /// True while any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        self.scheduler.has_unfinished()
+    }
+
+    /// One step: schedule, execute, update.
+    pub fn step(&mut self) -> StepReport {
+        let now = self.now();
+        let mut plan = std::mem::take(&mut self.plan);
+        self.scheduler.schedule_into(now, &mut plan);
+        let mut report = StepReport { num_tokens: plan.num_tokens(), num_seqs: plan.seqs.len(), ..Default::default() };
+        let t0 = Instant::now();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan)));
+        let exec = t0.elapsed().as_secs_f64();
+        let end = self.now();
+        match result {
+            Ok(Ok(out)) => {
+                if !plan.seqs.is_empty() {
+                    report.exec_secs = exec;
+                    self.scheduler.observe_step(&StepShape::of(&plan), exec);
+                    self.consecutive_failures = 0;
+                }
+                report.events = self.scheduler.update(&plan, &out, end);
+            }
+            Ok(Err(e)) => report.error = Some(e.to_string()),
+            Err(panic) => {
+                report.error = Some(match panic.downcast_ref::<&str>() {
+                    Some(s) => format!("panic in the model step: {s}"),
+                    None => match panic.downcast_ref::<String>() {
+                        Some(s) => format!("panic in the model step: {s}"),
+                        None => "panic in the model step".to_string(),
+                    },
+                });
+            }
+        }
+        if report.error.is_some() {
+            self.consecutive_failures += 1;
+            report.events = self.scheduler.fail_step(&plan, end);
+        }
+        self.plan = plan;
+        report
+    }
+}
