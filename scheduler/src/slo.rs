@@ -446,6 +446,14 @@ impl WindowStats {
     }
 }
 
+/// Capacity in DistServe's form: the highest offered load of a sweep at which attainment is at
+/// least `target` (metrics.md: 90%). `points` are `(offered load, attainment)` in any order;
+/// `None` when no point reaches the target. The answer is a swept load, never interpolated: the
+/// sweep's spacing is its resolution.
+pub fn capacity(points: &[(f64, f64)], target: f64) -> Option<f64> {
+    points.iter().filter(|(_, att)| *att >= target).map(|(load, _)| *load).reduce(f64::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,6 +618,17 @@ mod tests {
         let w = WindowStats::compute(&[r, rejected], 0.0, 10.0, &SloParams::default());
         assert_eq!((w.offered, w.dropped, w.rejected, w.passed), (2, 1, 1, 0));
         assert_eq!(w.idle.count, 1);
+    }
+
+    #[test]
+    fn capacity_is_the_highest_load_meeting_the_target() {
+        let sweep = [(4.0, 0.85), (1.0, 1.0), (2.0, 0.95), (3.0, 0.9), (5.0, 0.2)];
+        assert_eq!(capacity(&sweep, 0.9), Some(3.0));
+        assert_eq!(capacity(&sweep, 0.99), Some(1.0));
+        assert_eq!(capacity(&sweep, 1.01), None);
+        assert_eq!(capacity(&[], 0.9), None);
+        // Not monotone: a noisy point above a failing one still counts, as "highest load at which".
+        assert_eq!(capacity(&[(1.0, 0.95), (2.0, 0.8), (3.0, 0.92)], 0.9), Some(3.0));
     }
 
     #[test]
