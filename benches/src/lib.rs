@@ -1,4 +1,30 @@
-//! pace-bench: load generation against OpenAI-compatible servers, sweeps, A/B reports, and the
-//! front end of the discrete-event simulator.
+//! pace-bench: load generation against OpenAI-compatible servers, offered-load sweeps, A/B
+//! reports, and the front end of the discrete-event simulator.
+//!
+//! Every metric is computed by `pace_scheduler::slo` (docs/metrics.md) from client-side
+//! timestamps; this crate only measures, schedules and reports.
+//!
+//! Layout:
+//! - [`cli`]: `pace bench serve | sweep | ab` flags and commands ([`BenchCommand`], [`run`]).
+//! - [`dataset`]: prompts (random and exact in tokens, ShareGPT, JSONL) and the tokenizer.
+//! - [`arrivals`]: seeded Poisson / gamma send schedules.
+//! - [`client`]: one streaming request and its timestamps; [`sse`]: frames and token times.
+//! - [`load`]: a bounded open-loop (or concurrency-capped) run of a workload.
+//! - [`report`]: a run's metrics, vLLM-style table and result JSON.
+//! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG/PNG charts.
+//! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
+//! - [`sim_cmd`]: `pace sim`.
 
+pub mod arrivals;
+pub mod cli;
+pub mod client;
+pub mod dataset;
+pub mod launch;
+pub mod load;
+pub mod plots;
+pub mod report;
 pub mod sim_cmd;
+pub mod sse;
+pub mod sweep;
+
+pub use cli::{run, BenchCommand};

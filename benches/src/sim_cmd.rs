@@ -392,6 +392,7 @@ where
 
 fn write_outputs(dir: &Path, preset: &str, lines: &[SummaryLine], points: &[SweepPoint], cfg: &SimConfig, sat: f64) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    crate::plots::register_fonts();
     let jsonl: String = lines.iter().map(|l| serde_json::to_string(l).map(|s| s + "\n")).collect::<Result<_, _>>()?;
     std::fs::write(dir.join("summary.jsonl"), jsonl)?;
     let full = serde_json::json!({ "preset": preset, "saturation_rate": sat, "config": cfg.sched, "points": points });

@@ -1,0 +1,477 @@
+//! `pace bench serve | sweep | ab`: flags (named as `vllm bench serve` names them where the
+//! concept is the same) and the three commands.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
+use serde_json::{Map, Value};
+
+use crate::arrivals::ArrivalProcess;
+use crate::client::{first_model, http_client, Api, RequestOptions, Target};
+use crate::dataset::{load_prompts, load_tokenizer, DatasetSpec, Prompt};
+use crate::launch::{ServeConfig, ServeProcess};
+use crate::load::{run_load, LoadOptions, Workload};
+use crate::report::{summarize, table, utc_stamp, RunInfo};
+use crate::sweep::{run_series, write_report, Axis, Load, PointSummary, SweepSpec};
+
+/// `pace bench` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum BenchCommand {
+    /// Drive one OpenAI-compatible server at one offered load and print vLLM-style results.
+    Serve(ServeArgs),
+    /// Run one server at several offered loads; write a report directory with plots.
+    Sweep(SweepArgs),
+    /// Run the identical seeded sweep against several servers (URLs, or `pace serve` per
+    /// scheduler policy) and write one report with their curves overlaid.
+    Ab(AbArgs),
+}
+
+/// Workload, SLO and limit flags shared by every `pace bench` command.
+#[derive(Debug, Clone, Args)]
+pub struct WorkloadArgs {
+    /// Model name sent with each request; default: the first model the server lists on /v1/models.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Tokenizer that counts prompt tokens: a .gguf file, a Hugging Face model directory or a
+    /// tokenizer.json. Default: pace's default model (SmolLM2-135M-Instruct).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// API endpoint; chat sends the prompt as one user message.
+    #[arg(long, default_value = "/v1/completions", value_parser = ["/v1/completions", "/v1/chat/completions"])]
+    pub endpoint: String,
+    /// Prompt source. `random` prompts are exactly --random-input-len tokens and always ignore EOS.
+    #[arg(long, default_value = "random", value_parser = ["random", "sharegpt", "jsonl"])]
+    pub dataset_name: String,
+    /// File for sharegpt (ShareGPT JSON) or jsonl (`{"prompt": ..., "output_len": N}` per line).
+    #[arg(long)]
+    pub dataset_path: Option<PathBuf>,
+    /// Prompt tokens of random prompts.
+    #[arg(long, default_value_t = 1024)]
+    pub random_input_len: usize,
+    /// Output tokens of random prompts (and of jsonl lines without `output_len`).
+    #[arg(long, default_value_t = 128)]
+    pub random_output_len: usize,
+    /// Random lengths are uniform in [len * (1 - r), len * (1 + r)]; r in [0, 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// Output tokens of ShareGPT prompts instead of each reply's length.
+    #[arg(long)]
+    pub sharegpt_output_len: Option<usize>,
+    /// Requests per run.
+    #[arg(long, default_value_t = 1000)]
+    pub num_prompts: usize,
+    /// Gamma shape of arrival gaps: 1 is Poisson, below 1 burstier, above 1 more regular.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Most requests in flight (default: unbounded, open loop).
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Binary SLO for goodput and attainment, in ms: e.g. `--goodput ttft:2000 tpot:100 e2el:20000`.
+    #[arg(long, num_args = 1.., value_name = "KEY:MS")]
+    pub goodput: Vec<String>,
+    /// Seed of prompts and arrivals; default: a fresh one each run (printed and saved).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Smooth goodput: reading rate q, tokens per second.
+    #[arg(long, default_value_t = 5.0)]
+    pub reading_rate: f64,
+    /// Smooth goodput: first-token grace g, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub ttft_grace: f64,
+    /// Smooth goodput: weight of waiting against output, alpha.
+    #[arg(long, default_value_t = 2.5)]
+    pub alpha: f64,
+    /// Smooth goodput: penalty of idle seconds, linear, quadratic or capped:SECONDS.
+    #[arg(long, default_value = "linear")]
+    pub penalty: String,
+    /// Send `ignore_eos: true` so every output reaches its max tokens (always on for random).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Do not ask for the usage chunk; count one token per content frame.
+    #[arg(long)]
+    pub no_usage: bool,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// JSON object merged into every request body, e.g. '{"top_k": 1}'.
+    #[arg(long)]
+    pub extra_body: Option<String>,
+    /// Bearer token for the server.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Stop sending new requests after this many seconds (each run).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Hard cap on requests per run: a larger --num-prompts is an error.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_requests: usize,
+    /// Hard cap on each run's wall time, seconds: requests still running are cut (aborted).
+    #[arg(long, default_value_t = 1800.0)]
+    pub time_limit: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub disable_tqdm: bool,
+}
+
+/// `pace bench serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Server base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub base_url: String,
+    /// Offered request rate, requests per second; `inf` sends everything at once.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+    /// Write the result JSON (vLLM field names plus per-request timelines).
+    #[arg(long)]
+    pub save_result: bool,
+    /// Directory of the result file.
+    #[arg(long, default_value = ".")]
+    pub result_dir: PathBuf,
+    /// Result file name (default: LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json).
+    #[arg(long)]
+    pub result_filename: Option<String>,
+    /// Name of the target in the result.
+    #[arg(long, default_value = "pace-bench")]
+    pub label: String,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// Offered loads of a sweep.
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Offered request rates to sweep, requests per second (comma separated).
+    #[arg(long, value_delimiter = ',', required_unless_present = "max_concurrencies", conflicts_with = "max_concurrencies")]
+    pub request_rates: Vec<f64>,
+    /// Concurrency caps to sweep instead (comma separated); requests go out at --request-rate.
+    #[arg(long, value_delimiter = ',')]
+    pub max_concurrencies: Vec<usize>,
+    /// Request rate of a concurrency sweep.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+    /// Report directory (default: pace-bench-DATE).
+    #[arg(long)]
+    pub result_dir: Option<PathBuf>,
+}
+
+/// `pace bench sweep`.
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    /// Server base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub base_url: String,
+    /// Name of the target in the report.
+    #[arg(long, default_value = "target")]
+    pub label: String,
+    #[command(flatten)]
+    pub loads: LoadArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// `pace bench ab`.
+#[derive(Debug, Clone, Args)]
+pub struct AbArgs {
+    /// Servers to compare (comma separated base URLs).
+    #[arg(long, value_delimiter = ',', required_unless_present = "scheduler", conflicts_with = "scheduler")]
+    pub base_urls: Vec<String>,
+    /// Names of the --base-urls in the report (default: the URLs).
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Start `pace serve --scheduler P` for each policy in turn (comma separated) on a free
+    /// 127.0.0.1 port, and stop it after its sweep.
+    #[arg(long, value_delimiter = ',', value_parser = ["smooth", "fcfs", "drop-late"])]
+    pub scheduler: Vec<String>,
+    /// The pace binary to start (default: this executable).
+    #[arg(long)]
+    pub pace_bin: Option<PathBuf>,
+    /// `--model` of the started servers (default: pace's default model).
+    #[arg(long)]
+    pub serve_model: Option<String>,
+    /// Extra argument for the started servers (repeatable), e.g. --serve-arg=--max-num-seqs=16.
+    #[arg(long, allow_hyphen_values = true)]
+    pub serve_arg: Vec<String>,
+    /// Seconds to wait for a started server's /health.
+    #[arg(long, default_value_t = 600.0)]
+    pub server_start_timeout: f64,
+    /// Seconds between SIGTERM and SIGKILL when stopping a started server.
+    #[arg(long, default_value_t = 30.0)]
+    pub server_stop_timeout: f64,
+    #[command(flatten)]
+    pub loads: LoadArgs,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// Everything a run needs besides the target and the load, resolved from the flags.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The prompts, identical for every target and load.
+    pub prompts: Vec<Prompt>,
+    /// Seed of prompts and arrivals.
+    pub seed: u64,
+    /// Run options (bounds, body options, reading class).
+    pub options: LoadOptions,
+    /// Recorded with each result (label, URL, model and load are filled per run).
+    pub info: RunInfo,
+    /// One line describing the workload.
+    pub desc: String,
+}
+
+fn positive(name: &str, v: f64) -> Result<()> {
+    if !(v > 0.0 && v.is_finite()) {
+        bail!("{name} must be positive and finite, got {v}");
+    }
+    Ok(())
+}
+
+/// Checks the flags, loads the tokenizer and builds the prompts.
+pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
+    if w.num_prompts == 0 {
+        bail!("--num-prompts must be at least 1");
+    }
+    if w.num_prompts > w.max_requests {
+        bail!("--num-prompts {} exceeds the hard cap --max-requests {}", w.num_prompts, w.max_requests);
+    }
+    positive("--time-limit", w.time_limit)?;
+    positive("--reading-rate", w.reading_rate)?;
+    if let Some(d) = w.duration {
+        positive("--duration", d)?;
+    }
+    if w.max_concurrency == Some(0) {
+        bail!("--max-concurrency must be at least 1");
+    }
+    if !(w.ttft_grace >= 0.0 && w.alpha >= 0.0) {
+        bail!("--ttft-grace and --alpha must be >= 0");
+    }
+    ArrivalProcess::new(1.0, w.burstiness)?;
+    let penalty: Penalty = w.penalty.parse()?;
+    let binary: BinarySlo = w.goodput.join(" ").parse()?;
+    let extra_body: Map<String, Value> = match &w.extra_body {
+        Some(s) => match serde_json::from_str(s).context("--extra-body is not JSON")? {
+            Value::Object(m) => m,
+            _ => bail!("--extra-body must be a JSON object"),
+        },
+        None => Map::new(),
+    };
+    let seed = w.seed.unwrap_or_else(rand::random);
+    let spec = match w.dataset_name.as_str() {
+        "random" => DatasetSpec::Random {
+            input_len: w.random_input_len,
+            output_len: w.random_output_len,
+            range_ratio: w.random_range_ratio,
+        },
+        "sharegpt" => DatasetSpec::ShareGpt {
+            path: w.dataset_path.clone().context("--dataset-name sharegpt needs --dataset-path")?,
+            output_len: w.sharegpt_output_len,
+        },
+        _ => DatasetSpec::Jsonl {
+            path: w.dataset_path.clone().context("--dataset-name jsonl needs --dataset-path")?,
+            default_output_len: w.random_output_len,
+        },
+    };
+    let tokenizer = load_tokenizer(w.tokenizer.as_deref())?;
+    let tokenizer_id = w.tokenizer.as_ref().map_or("default model (SmolLM2-135M-Instruct)".to_string(), |p| p.display().to_string());
+    let prompts = load_prompts(&spec, &tokenizer, w.num_prompts, seed)?;
+    let class = SloClass { reading_rate: w.reading_rate, grace: w.ttft_grace / 1e3 };
+    let params = SloParams { alpha: w.alpha, penalty, binary, default_class: class };
+    let ignore_eos = w.ignore_eos || w.dataset_name == "random";
+    let options = LoadOptions {
+        max_concurrency: w.max_concurrency,
+        duration: w.duration,
+        time_limit: w.time_limit,
+        request: RequestOptions { ignore_eos, include_usage: !w.no_usage, temperature: w.temperature, extra_body },
+        class,
+        progress: !w.disable_tqdm,
+    };
+    let mean = |f: fn(&Prompt) -> usize| prompts.iter().map(f).sum::<usize>() as f64 / prompts.len() as f64;
+    let desc = format!(
+        "{} requests, dataset {}, {} endpoint, mean prompt {:.0} tokens, mean max output {:.0} tokens{}, temperature {}, arrivals gamma(burstiness {}), seed {seed}",
+        prompts.len(),
+        w.dataset_name,
+        w.endpoint,
+        mean(|p| p.prompt_len),
+        mean(|p| p.output_len),
+        if ignore_eos { " (ignore_eos)" } else { "" },
+        w.temperature,
+        w.burstiness,
+    );
+    let info = RunInfo {
+        label: String::new(),
+        backend: match endpoint_api {
+            Api::Completions => "openai".into(),
+            Api::Chat => "openai-chat".into(),
+        },
+        url: String::new(),
+        model_id: String::new(),
+        tokenizer_id,
+        num_prompts: w.num_prompts,
+        request_rate: f64::INFINITY,
+        burstiness: w.burstiness,
+        max_concurrency: w.max_concurrency,
+        seed,
+        params,
+        has_slo: !w.goodput.is_empty(),
+    };
+    Ok(Prepared { prompts, seed, options, info, desc })
+}
+
+fn api_of(endpoint: &str) -> Api {
+    Target { label: String::new(), base_url: String::new(), endpoint: endpoint.into(), model: String::new(), api_key: None }.api()
+}
+
+async fn target(client: &reqwest::Client, label: &str, base_url: &str, w: &WorkloadArgs) -> Result<Target> {
+    let model = match &w.model {
+        Some(m) => m.clone(),
+        None => first_model(client, base_url, w.api_key.as_deref()).await?,
+    };
+    Ok(Target { label: label.into(), base_url: base_url.into(), endpoint: w.endpoint.clone(), model, api_key: w.api_key.clone() })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn date() -> String {
+    utc_stamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+}
+
+/// Runs a `pace bench` command.
+pub fn run(cmd: &BenchCommand) -> Result<()> {
+    let rt = runtime()?;
+    match cmd {
+        BenchCommand::Serve(a) => rt.block_on(serve(a)).map(|_| ()),
+        BenchCommand::Sweep(a) => rt.block_on(sweep(a)),
+        BenchCommand::Ab(a) => rt.block_on(ab(a)),
+    }
+}
+
+/// `pace bench serve`; returns the result (also printed, and saved with --save-result).
+pub async fn serve(a: &ServeArgs) -> Result<crate::report::BenchResult> {
+    let w = &a.workload;
+    let p = prepare(w, api_of(&w.endpoint))?;
+    let process = ArrivalProcess::new(a.request_rate, w.burstiness)?;
+    let client = http_client(w.max_concurrency.unwrap_or(256))?;
+    let t = target(&client, &a.label, &a.base_url, w).await?;
+    eprintln!("{}; offered {} req/s", p.desc, a.request_rate);
+    let workload = Workload { schedule: process.schedule(p.prompts.len(), p.seed), prompts: p.prompts };
+    let run = run_load(&client, &t, &workload, &p.options).await;
+    let info = RunInfo {
+        label: t.label.clone(),
+        url: t.url(),
+        model_id: t.model.clone(),
+        request_rate: a.request_rate,
+        ..p.info
+    };
+    let result = summarize(&run, &info);
+    print!("{}", table(&result));
+    if a.save_result {
+        let name = a.result_filename.clone().unwrap_or_else(|| {
+            let conc = w.max_concurrency.map_or(String::new(), |c| format!("-concurrency{c}"));
+            let model = t.model.rsplit('/').next().unwrap_or("model");
+            format!("{}-{}qps{conc}-{model}-{}.json", a.label, a.request_rate, result.date)
+        });
+        std::fs::create_dir_all(&a.result_dir)?;
+        let path = a.result_dir.join(name);
+        std::fs::write(&path, serde_json::to_string(&result)?).with_context(|| format!("writing {}", path.display()))?;
+        println!("saved {}", path.display());
+    }
+    Ok(result)
+}
+
+fn sweep_spec(l: &LoadArgs, p: Prepared) -> Result<SweepSpec> {
+    let (axis, loads) = if l.max_concurrencies.is_empty() {
+        for r in &l.request_rates {
+            positive("--request-rates", *r)?;
+        }
+        (Axis::RequestRate, l.request_rates.iter().map(|&rate| Load { rate, max_concurrency: None }).collect::<Vec<_>>())
+    } else {
+        if l.max_concurrencies.contains(&0) {
+            bail!("--max-concurrencies must be at least 1");
+        }
+        ArrivalProcess::new(l.request_rate, 1.0)?;
+        (Axis::Concurrency, l.max_concurrencies.iter().map(|&c| Load { rate: l.request_rate, max_concurrency: Some(c) }).collect())
+    };
+    if loads.is_empty() {
+        bail!("give --request-rates or --max-concurrencies");
+    }
+    Ok(SweepSpec {
+        prompts: p.prompts,
+        seed: p.seed,
+        burstiness: p.info.burstiness,
+        options: p.options,
+        info: p.info,
+        axis,
+        loads,
+        workload_desc: p.desc,
+    })
+}
+
+/// `pace bench sweep`.
+pub async fn sweep(a: &SweepArgs) -> Result<()> {
+    let w = &a.workload;
+    let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
+    let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-{}", date())));
+    let client = http_client(256)?;
+    let t = target(&client, &a.label, &a.base_url, w).await?;
+    let points = run_series(&client, &t, &spec, &dir).await?;
+    let series = vec![(t.label.clone(), points)];
+    write_report(&dir, &format!("pace bench sweep: {} ({})", t.label, t.base_url), &spec, &series)?;
+    println!("wrote {}", dir.join("report.md").display());
+    Ok(())
+}
+
+/// `pace bench ab`.
+pub async fn ab(a: &AbArgs) -> Result<()> {
+    let w = &a.workload;
+    if !a.labels.is_empty() && a.labels.len() != a.base_urls.len() {
+        bail!("--labels needs one label per --base-urls entry");
+    }
+    let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
+    let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-ab-{}", date())));
+    let client = http_client(256)?;
+    let mut series: Vec<(String, Vec<PointSummary>)> = Vec::new();
+    if a.scheduler.is_empty() {
+        for (i, url) in a.base_urls.iter().enumerate() {
+            let label = a.labels.get(i).cloned().unwrap_or_else(|| url.clone());
+            let t = target(&client, &label, url, w).await?;
+            series.push((label, run_series(&client, &t, &spec, &dir).await?));
+        }
+    } else {
+        let bin = match &a.pace_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
+        };
+        let mut args: Vec<String> = Vec::new();
+        if let Some(m) = &a.serve_model {
+            args.extend(["--model".to_string(), m.clone()]);
+        }
+        args.extend(a.serve_arg.iter().cloned());
+        let cfg = ServeConfig {
+            bin,
+            args,
+            start_timeout: a.server_start_timeout,
+            stop_timeout: a.server_stop_timeout,
+            log_dir: dir.join("logs"),
+        };
+        for policy in &a.scheduler {
+            eprintln!("starting pace serve --scheduler {policy}");
+            let mut server = ServeProcess::spawn(&cfg, policy)?;
+            server.wait_ready(&client, cfg.start_timeout).await?;
+            let t = target(&client, policy, &server.base_url, w).await?;
+            let points = run_series(&client, &t, &spec, &dir).await?;
+            let status = server.stop().await?;
+            if !status.success() {
+                eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
+            }
+            series.push((policy.clone(), points));
+        }
+    }
+    let names: Vec<&str> = series.iter().map(|(l, _)| l.as_str()).collect();
+    write_report(&dir, &format!("pace bench ab: {}", names.join(" vs ")), &spec, &series)?;
+    println!("wrote {}", dir.join("report.md").display());
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Starting and stopping `pace serve` for `pace bench ab --scheduler ...`.
+//!
+//! Each policy gets a fresh server on a free 127.0.0.1 port, its output in a log file next to
+//! the report. It is ready when `GET /health` answers 200; it is stopped with SIGTERM (pace
+//! drains and exits) and killed if it has not exited after a timeout. A server still running
+//! when its handle is dropped (an error on the way) is killed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+/// How to start the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    /// The `pace` binary.
+    pub bin: PathBuf,
+    /// Extra arguments after `serve --host --port --scheduler` (model, KV cache, ...).
+    pub args: Vec<String>,
+    /// Seconds to wait for `/health`.
+    pub start_timeout: f64,
+    /// Seconds between SIGTERM and SIGKILL.
+    pub stop_timeout: f64,
+    /// Directory for the server logs.
+    pub log_dir: PathBuf,
+}
+
+/// A running `pace serve`.
+#[derive(Debug)]
+pub struct ServeProcess {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    stop_timeout: f64,
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl ServeProcess {
+    /// Starts `bin serve --host 127.0.0.1 --port P --scheduler POLICY ARGS...`.
+    pub fn spawn(cfg: &ServeConfig, policy: &str) -> Result<Self> {
+        let port = free_port()?;
+        std::fs::create_dir_all(&cfg.log_dir).with_context(|| format!("creating {}", cfg.log_dir.display()))?;
+        let log = cfg.log_dir.join(format!("serve-{policy}.log"));
+        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new(&cfg.bin)
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--scheduler", policy])
+            .args(&cfg.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {} serve", cfg.bin.display()))?;
+        Ok(Self { child: Some(child), base_url: format!("http://127.0.0.1:{port}"), log, stop_timeout: cfg.stop_timeout })
+    }
+
+    /// Waits until `/health` answers 200, the process exits (an error with its log's tail), or
+    /// `timeout` seconds pass.
+    pub async fn wait_ready(&mut self, client: &reqwest::Client, timeout: f64) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(timeout);
+        let url = format!("{}/health", self.base_url);
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    self.child = None;
+                    bail!("pace serve exited before it was ready ({status}); log {}:\n{}", self.log.display(), log_tail(&self.log));
+                }
+            }
+            let probe = client.get(&url).timeout(Duration::from_secs(2)).send().await;
+            if probe.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("pace serve not ready after {timeout} s; log {}:\n{}", self.log.display(), log_tail(&self.log));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after the stop timeout. Returns the exit status.
+    pub async fn stop(mut self) -> Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else { bail!("pace serve already exited") };
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(self.stop_timeout);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                child.kill().ok();
+                return Ok(child.wait()?);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+}
+
+/// The last lines of a log, for error messages.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

@@ -1,0 +1,209 @@
+//! The benchmark client against a scripted SSE server on 127.0.0.1: every metric checked against
+//! the script's ground truth (timer tolerance 30 ms, scripted delays 50-400 ms), outcomes
+//! counted apart, and every run bounded in requests and seconds.
+
+mod common;
+
+use std::time::Instant;
+
+use pace_bench::client::{RequestOptions, Target};
+use pace_bench::dataset::Prompt;
+use pace_bench::load::{run_load, LoadOptions, Workload};
+use pace_bench::report::{summarize, table, RunInfo};
+use pace_scheduler::slo::{Outcome, SloClass, SloParams};
+
+/// Timer tolerance, seconds: holds on a loaded 2-core machine.
+const TOL: f64 = 0.030;
+
+fn close(got: f64, want: f64, what: &str) {
+    assert!((got - want).abs() <= TOL, "{what}: got {got:.4}, want {want:.4} ± {TOL}");
+}
+
+fn prompt(name: &str, max_tokens: usize) -> Prompt {
+    Prompt { text: name.to_string(), prompt_len: 4, output_len: max_tokens }
+}
+
+fn target(base_url: &str, endpoint: &str) -> Target {
+    Target { label: "scripted".into(), base_url: base_url.into(), endpoint: endpoint.into(), model: "scripted-model".into(), api_key: None }
+}
+
+fn options(class: SloClass, usage: bool) -> LoadOptions {
+    LoadOptions {
+        max_concurrency: None,
+        duration: None,
+        time_limit: 10.0,
+        request: RequestOptions { ignore_eos: true, include_usage: usage, temperature: 0.0, extra_body: Default::default() },
+        class,
+        progress: false,
+    }
+}
+
+fn info(params: SloParams) -> RunInfo {
+    RunInfo {
+        label: "scripted".into(),
+        backend: "openai".into(),
+        url: String::new(),
+        model_id: "scripted-model".into(),
+        tokenizer_id: "none".into(),
+        num_prompts: 0,
+        request_rate: f64::INFINITY,
+        burstiness: 1.0,
+        max_concurrency: None,
+        seed: 0,
+        params,
+        has_slo: true,
+    }
+}
+
+const SCENARIOS: [&str; 9] = ["steady", "multi", "slow", "reject429", "reject503", "http500", "midstream", "drop", "broken"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_the_script() {
+    let base = common::start(common::Cfg::new(50, 20)).await;
+    let client = pace_bench::client::http_client(64).unwrap();
+    let class = SloClass { reading_rate: 20.0, grace: 0.0 };
+    let params = SloParams { binary: "ttft:300 tpot:150".parse().unwrap(), default_class: class, ..Default::default() };
+    let workload = Workload { prompts: SCENARIOS.iter().map(|s| prompt(s, 8)).collect(), schedule: vec![0.0; SCENARIOS.len()] };
+    let t0 = Instant::now();
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, true)).await;
+    assert!(t0.elapsed().as_secs_f64() < 5.0);
+    assert_eq!((run.results.len(), run.not_sent, run.time_limit_hit), (9, 0, false));
+    let by = |name: &str| &run.results[SCENARIOS.iter().position(|s| *s == name).unwrap()];
+
+    // steady: tokens at 150, 250, ..., 550 ms; deadlines i / 20 s, so lateness peaks at the last
+    // token: 0.55 - 0.25 = 0.30 s; benefit 5 - 2.5 * 0.30 = 4.25.
+    let s = &by("steady").record;
+    assert_eq!((s.outcome, s.num_tokens()), (Outcome::Completed, 5));
+    close(s.ttft().unwrap(), 0.150, "steady TTFT");
+    for itl in s.itls() {
+        close(itl, 0.100, "steady ITL");
+    }
+    close(s.tpot(), 0.100, "steady TPOT");
+    close(s.e2e().unwrap(), 0.550, "steady E2E");
+    close(s.idle_latency(), 0.300, "steady idle latency");
+    assert!((s.benefit(&params) - 4.25).abs() <= 2.5 * TOL, "steady benefit {}", s.benefit(&params));
+    assert_eq!(by("steady").usage_completion_tokens, Some(5));
+
+    // multi: usage says 3 tokens over 2 frames; the extra token is put at the last frame.
+    let m = &by("multi").record;
+    assert_eq!((m.outcome, m.num_tokens(), by("multi").content_frames), (Outcome::Completed, 3, 2));
+    close(m.token_times[0] - m.arrival, 0.100, "multi t1");
+    close(m.token_times[1] - m.arrival, 0.300, "multi t2");
+    close(m.token_times[2] - m.arrival, 0.300, "multi t3");
+    close(m.idle_latency(), 0.200, "multi idle");
+
+    let slow = &by("slow").record;
+    assert_eq!(slow.outcome, Outcome::Completed);
+    close(slow.ttft().unwrap(), 0.400, "slow TTFT");
+    close(slow.tpot(), 0.050, "slow TPOT");
+    close(slow.idle_latency(), 0.350, "slow idle");
+
+    // Refusals: rejected (429/503, Retry-After kept) and failed (500) are told apart.
+    for (name, status, retry) in [("reject429", 429, Some(2.0)), ("reject503", 503, Some(1.0))] {
+        let r = by(name);
+        assert_eq!((r.record.outcome, r.status, r.retry_after), (Outcome::Rejected, Some(status), retry));
+        assert!(r.record.token_times.is_empty() && r.error.as_deref().unwrap().contains("scripted refusal"));
+    }
+    assert_eq!((by("http500").record.outcome, by("http500").status), (Outcome::Failed, Some(500)));
+
+    // Mid-stream ends keep what was delivered and the wait for the token that never came:
+    // pending since d_3 = 0.15 s until the error at 0.3 s.
+    for name in ["midstream", "broken"] {
+        let r = &by(name).record;
+        assert_eq!((r.outcome, r.num_tokens()), (Outcome::Failed, 2), "{name}");
+        close(r.end - r.arrival, 0.300, name);
+        close(r.idle_latency(), 0.150, name);
+    }
+    assert!(by("midstream").error.as_deref().unwrap().contains("internal_error"));
+    assert!(by("broken").error.as_deref().unwrap().contains("stream broke"));
+    let d = &by("drop").record;
+    assert_eq!((d.outcome, d.num_tokens()), (Outcome::Dropped, 1));
+    close(d.idle_latency(), 0.200, "drop idle (pending since d_2 = 0.1 s)");
+
+    // Aggregates (WindowStats over first send .. last end = steady's last token at ~0.55 s).
+    let r = summarize(&run, &info(params));
+    assert_eq!((r.completed, r.failed, r.rejected, r.dropped, r.aborted), (3, 3, 2, 1, 0));
+    close(r.duration, 0.550, "window");
+    let w = r.duration;
+    assert!((r.request_goodput.unwrap() - 2.0 / w).abs() < 1e-9, "steady and multi pass ttft:300 tpot:150");
+    assert!((r.token_goodput.unwrap() - 8.0 / w).abs() < 1e-9);
+    assert!((r.attainment.unwrap() - 2.0 / 3.0).abs() < 1e-9);
+    assert!((r.attainment_offered.unwrap() - 2.0 / 9.0).abs() < 1e-9);
+    assert!((r.request_throughput - 3.0 / w).abs() < 1e-9);
+    assert_eq!(r.total_output_tokens, 5 + 3 + 3 + 2 + 1 + 2);
+    // Benefits: steady 4.25, multi 3 - 2.5 * 0.2 = 2.5, slow 3 - 2.5 * 0.35 = 2.125,
+    // midstream and broken 2 - 2.5 * 0.15 = 1.625 each, drop 1 - 2.5 * 0.2 = 0.5, refusals 0.
+    let want_benefit = 4.25 + 2.5 + 2.125 + 1.625 + 1.625 + 0.5;
+    let got_benefit = r.smooth_goodput * w;
+    assert!((got_benefit - want_benefit).abs() <= 6.0 * 2.5 * TOL, "benefit sum {got_benefit} want {want_benefit}");
+    let sum: f64 = run.results.iter().map(|x| x.record.benefit(&params)).sum();
+    assert!((got_benefit - sum).abs() < 1e-9);
+    close(r.latency_ms["median_ttft_ms"] / 1e3, 0.100, "median TTFT over 6 streams with a token");
+    close(r.latency_ms["max_idle_ms"] / 1e3, 0.350, "max idle");
+    let t = table(&r);
+    for row in ["Successful requests:", "Rejected requests (429/503):", "Smooth goodput", "P99 Idle (ms):", "Mean TPOT (ms):"] {
+        assert!(t.contains(row), "{row} missing from\n{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_usage_each_content_frame_is_one_token_and_chat_works() {
+    let base = common::start(common::Cfg::new(50, 20)).await;
+    let client = pace_bench::client::http_client(8).unwrap();
+    let class = SloClass::default();
+    let workload = Workload { prompts: vec![prompt("multi", 3), prompt("steady", 5)], schedule: vec![0.0, 0.0] };
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, false)).await;
+    let m = &run.results[0];
+    assert_eq!((m.record.num_tokens(), m.usage_completion_tokens), (2, None));
+    close(m.record.token_times[1] - m.record.token_times[0], 0.200, "frame gap");
+    let chat = run_load(&client, &target(&base, "/v1/chat/completions"), &workload, &options(class, true)).await;
+    assert_eq!(chat.results[1].record.outcome, Outcome::Completed);
+    assert_eq!(chat.results[1].record.num_tokens(), 5);
+    close(chat.results[1].record.ttft().unwrap(), 0.150, "chat TTFT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_cuts_streams_and_duration_stops_sending() {
+    let base = common::start(common::Cfg::new(50, 20)).await;
+    let client = pace_bench::client::http_client(8).unwrap();
+    let class = SloClass::default();
+    // A stalled stream and a schedule that would go on for 3 s.
+    let mut prompts = vec![prompt("stall", 2)];
+    prompts.extend((0..10).map(|_| prompt("default", 2)));
+    let schedule: Vec<f64> = (0..11).map(|i| i as f64 * 0.3).collect();
+    let workload = Workload { prompts, schedule };
+    let opts = LoadOptions { time_limit: 1.0, duration: Some(0.5), ..options(class, true) };
+    let t0 = Instant::now();
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
+    let wall = t0.elapsed().as_secs_f64();
+    assert!(wall < 1.5, "the run stops at its time limit (took {wall:.2} s)");
+    // Sent at 0 and 0.3 s; 0.6 s and later are past --duration.
+    assert_eq!((run.results.len(), run.not_sent), (2, 9));
+    let stall = &run.results[0].record;
+    assert_eq!((stall.outcome, stall.num_tokens()), (Outcome::Aborted, 1));
+    close(stall.end, 1.0, "cut at the time limit");
+    assert_eq!(run.results[1].record.outcome, Outcome::Completed);
+    assert!(run.time_limit_hit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_cap_holds_requests_back() {
+    let cfg = common::Cfg::new(60, 30);
+    let base = common::start(cfg.clone()).await;
+    let client = pace_bench::client::http_client(8).unwrap();
+    let workload = Workload { prompts: (0..3).map(|_| prompt("default", 3)).collect(), schedule: vec![0.0; 3] };
+    let opts = LoadOptions { max_concurrency: Some(1), ..options(SloClass::default(), true) };
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
+    assert_eq!(run.results.len(), 3);
+    let mut spans: Vec<(f64, f64)> = run.results.iter().map(|r| (r.record.arrival, r.record.end)).collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in spans.windows(2) {
+        assert!(w[1].0 >= w[0].1 - 0.005, "one in flight at a time: {spans:?}");
+    }
+    for r in &run.results {
+        // Arrival is the send time, so TTFT does not include the wait for a slot.
+        close(r.record.ttft().unwrap(), 0.060, "TTFT from the send");
+        close(r.record.tpot(), 0.030, "TPOT");
+    }
+    assert_eq!(cfg.hits.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
