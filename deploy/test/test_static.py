@@ -225,6 +225,9 @@ def test_dashboard_uses_the_whole_contract_and_nothing_else(dash):
     for p in promql.iter_panels(dash):
         for t in p["targets"]:
             used |= promql.metric_names(t["expr"])
+    for v in dash["templating"]["list"]:
+        if v["type"] == "query":
+            used |= promql.metric_names(promql.variable_query(v)[0] or "")
     unknown = used - promql.CONTRACT - set(recorded)
     assert not unknown, f"dashboard uses metrics that are neither in the contract nor recorded: {unknown}"
     effective = set(used)
