@@ -3,8 +3,8 @@ short bounded load; every PromQL expression of the dashboard and of the rules mu
 
 test_e2e_real_pace_serve   the real server (default model). Skips LOUDLY while `pace serve --help`
                            fails (the server is not written yet). Configure with:
-    PACE_CMD              command that runs pace (default: target/release/pace, then
-                          target/debug/pace, then `pace` on PATH)
+    PACE_CMD              command that runs pace (default: the newer of target/release/pace and
+                          target/debug/pace, else `pace` on PATH)
     PACE_E2E_SCHEDULERS   instances to start, one per scheduler (default "smooth fcfs")
     PACE_E2E_PORT         first port (default: free ports); instance k listens on PORT+k
     PACE_E2E_REQUESTS     requests per instance (default 20), PACE_E2E_CONCURRENCY (default 4),
@@ -55,10 +55,10 @@ def prometheus_or_fail():
 def pace_command():
     if os.environ.get("PACE_CMD"):
         return shlex.split(os.environ["PACE_CMD"])
-    for rel in ("target/release/pace", "target/debug/pace"):
-        p = os.path.join(promql.REPO, rel)
-        if os.access(p, os.X_OK):
-            return [p]
+    built = [os.path.join(promql.REPO, rel) for rel in ("target/release/pace", "target/debug/pace")]
+    built = [p for p in built if os.access(p, os.X_OK)]
+    if built:  # the most recently built one (a stale release binary must not shadow a new debug one)
+        return [max(built, key=os.path.getmtime)]
     return [shutil.which("pace") or "pace"]
 
 
