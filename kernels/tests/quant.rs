@@ -142,14 +142,15 @@ fn activation_quantization_round_trips_within_half_a_step() {
     x[40] = 0.0;
     x[64..96].iter_mut().for_each(|v| *v = 0.0); // an all-zero block
     let q = QuantizedActs::quantize(&x, t, k);
+    let scale = |b: usize| (b / (k / QK)) * q.ns + b % (k / QK);
     for (i, &v) in x.iter().enumerate() {
-        let b = i / QK;
+        let b = scale(i / QK);
         let back = q.d[b] * q.qs[i] as f32;
         assert!((back - v).abs() <= q.d[b] * 0.5 + 1e-6, "value {i}: {v} -> {back}");
     }
     for b in 0..t * k / QK {
         let sum: i32 = q.qs[b * QK..(b + 1) * QK].iter().map(|&v| v as i32).sum();
-        assert_eq!(q.s[b], q.d[b] * sum as f32);
+        assert_eq!(q.s[scale(b)], q.d[scale(b)] * sum as f32);
     }
 }
 

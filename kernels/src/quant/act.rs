@@ -15,29 +15,44 @@ pub struct QuantizedActs {
     pub k: usize,
     /// `t * k` quantized values.
     pub qs: Vec<i8>,
-    /// `t * k / 32` block scales.
+    /// Block scales, `ns` per token (the blocks past `k / 32` are zero).
     pub d: Vec<f32>,
-    /// `t * k / 32` block sums `d * Σq`.
+    /// Block sums `d * Σq`, laid out like `d`.
     pub s: Vec<f32>,
+    /// Stride of `d` and `s` per token: `k / 32` rounded up to a multiple of 8, so the kernels
+    /// read whole vectors of scales.
+    pub ns: usize,
+}
+
+/// Blocks per row rounded up to whole vectors of eight scales.
+pub(super) fn padded_blocks(nb: usize) -> usize {
+    nb.div_ceil(8) * 8
 }
 
 impl QuantizedActs {
     /// Quantizes `x` (`t` rows of `k` values, row-major) into `self`, reusing its buffers.
     pub fn quantize_into(&mut self, x: &[f32], t: usize, k: usize) {
         assert!(k % QK == 0 && x.len() == t * k, "activations must be t x k with k % 32 == 0");
-        let nb = t * k / QK;
+        let (nb, ns) = (k / QK, padded_blocks(k / QK));
         self.t = t;
         self.k = k;
+        self.ns = ns;
         self.qs.resize(t * k, 0);
-        self.d.resize(nb, 0.0);
-        self.s.resize(nb, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        if super::avx2::available() {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            unsafe { super::avx2::quantize_acts(x, &mut self.qs, &mut self.d, &mut self.s) };
-            return;
+        self.d.clear();
+        self.d.resize(t * ns, 0.0);
+        self.s.clear();
+        self.s.resize(t * ns, 0.0);
+        for r in 0..t {
+            let (x, qs) = (&x[r * k..(r + 1) * k], &mut self.qs[r * k..(r + 1) * k]);
+            let (d, s) = (&mut self.d[r * ns..r * ns + nb], &mut self.s[r * ns..r * ns + nb]);
+            #[cfg(target_arch = "x86_64")]
+            if super::avx2::available() {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { super::avx2::quantize_acts(x, qs, d, s) };
+                continue;
+            }
+            quantize_scalar(x, qs, d, s);
         }
-        quantize_scalar(x, &mut self.qs, &mut self.d, &mut self.s);
     }
 
     /// Quantizes `x` into a new buffer.

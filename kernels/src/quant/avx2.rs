@@ -13,14 +13,6 @@ use super::QK;
 
 pub(super) use crate::cpu_has_avx2 as available;
 
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-    _mm_cvtss_f32(s)
-}
-
 /// Quantizes activations block by block (see [`super::QuantizedActs`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
@@ -68,49 +60,35 @@ pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
     }
 }
 
-/// Converts `n` f16 values to f32.
+/// Unpacks `rows` rows of Q4 nibbles (`nb` blocks each, rows `row_stride` bytes apart) into one
+/// byte per weight, in the blocks' weight order, `nb * 32` bytes per row.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
-    let n = src.len().min(dst.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        i += 8;
+pub(super) unsafe fn unpack_q4(qs: *const u8, row_stride: usize, rows: usize, nb: usize, out: &mut [u8]) {
+    let mask = _mm_set1_epi8(0x0F);
+    for r in 0..rows {
+        for b in 0..nb {
+            let raw = _mm_loadu_si128(qs.add(r * row_stride + b * 16) as *const __m128i);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+            _mm256_storeu_si256(out.as_mut_ptr().add((r * nb + b) * QK) as *mut __m256i, _mm256_set_m128i(hi, lo));
+        }
     }
-    while i < n {
-        dst[i] = src[i].to_f32();
-        i += 1;
-    }
-}
-
-/// `Σ_b a[b] * b[b]` with 8-lane FMA accumulation and a fixed reduction order.
-#[inline(always)]
-unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc);
-        i += 8;
-    }
-    let mut tail = 0f32;
-    while i < n {
-        tail += *a.add(i) * *b.add(i);
-        i += 1;
-    }
-    hsum(acc) + tail
 }
 
 /// Shared arguments of a tile call.
 pub(super) struct Tile<'a> {
-    /// Quantized weights of the tile's first row; rows follow at `row_stride` bytes.
+    /// Weights of the tile's first row; rows follow at `row_stride` bytes. Q4: packed nibbles
+    /// (16 bytes a block) or, when `UNPACKED`, one byte per weight (32 bytes a block). Q8: 32
+    /// signed bytes a block.
     pub qs: *const u8,
     pub row_stride: usize,
-    /// f32 scales (and offsets for Q4) of the tile's rows, `nb` per row.
+    /// f32 scales (and offsets for Q4) of the tile's rows, `ns` per row, zero past `nb`.
     pub dw: &'a [f32],
     pub mw: &'a [f32],
     /// Blocks per row.
     pub nb: usize,
+    /// Stride of the scale arrays (weights' and activations'), a multiple of 8.
+    pub ns: usize,
     /// Quantized activations of the tile's first token; tokens follow at `k` values.
     pub xq: *const i8,
     pub xd: *const f32,
@@ -121,34 +99,125 @@ pub(super) struct Tile<'a> {
     pub ldy: usize,
 }
 
+/// Scale products `dw[r][b] * xd[c][b]` for the eight blocks from `b0` (the scale arrays are
+/// padded to whole vectors).
+#[inline(always)]
+unsafe fn scale_products<const R: usize, const C: usize>(t: &Tile<'_>, b0: usize, sc: &mut [[[f32; 8]; C]; R]) {
+    for (r, scr) in sc.iter_mut().enumerate() {
+        let dw = _mm256_loadu_ps(t.dw.as_ptr().add(r * t.ns + b0));
+        for (c, s) in scr.iter_mut().enumerate() {
+            let dx = _mm256_loadu_ps(t.xd.add(c * t.ns + b0));
+            _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(dw, dx));
+        }
+    }
+}
+
+/// Converts `nr` rows of f16 scales (`nb` per row, rows `nb` apart) to f32 rows of `ns`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn convert_scales(src: &[half::f16], nb: usize, ns: usize, nr: usize, dst: &mut [f32]) {
+    for r in 0..nr {
+        let row = &src[r * nb..(r + 1) * nb];
+        let out = dst.as_mut_ptr().add(r * ns);
+        let mut b = 0;
+        while b + 8 <= nb {
+            _mm256_storeu_ps(out.add(b), _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(b) as *const __m128i)));
+            b += 8;
+        }
+        if b < nb {
+            let mut h = [half::f16::ZERO; 8];
+            h[..nb - b].copy_from_slice(&row[b..]);
+            _mm256_storeu_ps(out.add(b), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i)));
+        }
+    }
+}
+
+/// Reduces each accumulator to its sum, adds `extra` (the Q4 offset terms, or zero), and writes
+/// tile output (r, c). Sums go through [`hsum8`], whose per-vector order does not depend on the
+/// other vectors, so every tile shape rounds alike.
+#[inline(always)]
+unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile<'_>, acc: &[[__m256; C]; R], extra: &[[__m256; C]; R]) {
+    let mut flat = [_mm256_setzero_ps(); 16];
+    let mut off = [_mm256_setzero_ps(); 16];
+    for r in 0..R {
+        for c in 0..C {
+            flat[r * C + c] = acc[r][c];
+            off[r * C + c] = extra[r][c];
+        }
+    }
+    let mut sums = [0f32; 16];
+    let mut offs = [0f32; 16];
+    for g in 0..(R * C).div_ceil(8) {
+        let v: [__m256; 8] = std::array::from_fn(|i| flat[g * 8 + i]);
+        let o: [__m256; 8] = std::array::from_fn(|i| off[g * 8 + i]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(g * 8), hsum8(v));
+        _mm256_storeu_ps(offs.as_mut_ptr().add(g * 8), hsum8(o));
+    }
+    for r in 0..R {
+        for c in 0..C {
+            *t.y.add(c * t.ldy + r) = sums[r * C + c] + offs[r * C + c];
+        }
+    }
+}
+
+/// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes, always
+/// added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
+#[inline(always)]
+unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
+    let a = _mm256_hadd_ps(v[0], v[1]);
+    let b = _mm256_hadd_ps(v[2], v[3]);
+    let c = _mm256_hadd_ps(v[4], v[5]);
+    let d = _mm256_hadd_ps(v[6], v[7]);
+    let ab = _mm256_hadd_ps(a, b);
+    let cd = _mm256_hadd_ps(c, d);
+    let lo = _mm256_permute2f128_ps::<0x20>(ab, cd);
+    let hi = _mm256_permute2f128_ps::<0x31>(ab, cd);
+    _mm256_add_ps(lo, hi)
+}
+
 /// Q4 weights: `R` rows by `C` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
+pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile<'_>) {
     let nb = t.nb;
     let mask = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
-    for b in 0..nb {
-        for r in 0..R {
-            let raw = _mm_loadu_si128(t.qs.add(r * t.row_stride + b * 16) as *const __m128i);
-            let lo = _mm_and_si128(raw, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-            let w = _mm256_set_m128i(hi, lo);
-            let dw = _mm256_set1_ps(*t.dw.get_unchecked(r * nb + b));
-            for c in 0..C {
-                let x = _mm256_loadu_si256(t.xq.add(c * t.k + b * QK) as *const __m256i);
-                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-                let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*t.xd.add(c * nb + b)));
-                acc[r][c] = _mm256_fmadd_ps(sc, p, acc[r][c]);
+    let mut sc = [[[0f32; 8]; C]; R];
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = (nb - b0).min(8);
+        scale_products(t, b0, &mut sc);
+        for j in 0..n {
+            let b = b0 + j;
+            for r in 0..R {
+                let w = if UNPACKED {
+                    _mm256_loadu_si256(t.qs.add(r * t.row_stride + b * QK) as *const __m256i)
+                } else {
+                    let raw = _mm_loadu_si128(t.qs.add(r * t.row_stride + b * 16) as *const __m128i);
+                    let lo = _mm_and_si128(raw, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                    _mm256_set_m128i(hi, lo)
+                };
+                for c in 0..C {
+                    let x = _mm256_loadu_si256(t.xq.add(c * t.k + b * QK) as *const __m256i);
+                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r][c][j]), p, acc[r][c]);
+                }
+            }
+        }
+        b0 += n;
+    }
+    // Offset terms m * d_x * Σq_x, eight blocks at a time (zero past nb), after the main loop
+    // so they take no registers from it.
+    let mut off = [[_mm256_setzero_ps(); C]; R];
+    for b0 in (0..t.ns).step_by(8) {
+        for (r, o) in off.iter_mut().enumerate() {
+            let m = _mm256_loadu_ps(t.mw.as_ptr().add(r * t.ns + b0));
+            for (c, oc) in o.iter_mut().enumerate() {
+                *oc = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs.add(c * t.ns + b0)), *oc);
             }
         }
     }
-    for r in 0..R {
-        for c in 0..C {
-            let off = dot_f32(t.mw.as_ptr().add(r * nb), t.xs.add(c * nb), nb);
-            *t.y.add(c * t.ldy + r) = hsum(acc[r][c]) + off;
-        }
-    }
+    store_tile(t, &acc, &off);
 }
 
 /// Q8 weights: `R` rows by `C` tokens.
@@ -157,23 +226,25 @@ pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
     let nb = t.nb;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
-    for b in 0..nb {
-        for r in 0..R {
-            let w = _mm256_loadu_si256(t.qs.add(r * t.row_stride + b * QK) as *const __m256i);
-            let aw = _mm256_sign_epi8(w, w);
-            let dw = _mm256_set1_ps(*t.dw.get_unchecked(r * nb + b));
-            for c in 0..C {
-                let x = _mm256_loadu_si256(t.xq.add(c * t.k + b * QK) as *const __m256i);
-                let sx = _mm256_sign_epi8(x, w);
-                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
-                let sc = _mm256_mul_ps(dw, _mm256_set1_ps(*t.xd.add(c * nb + b)));
-                acc[r][c] = _mm256_fmadd_ps(sc, p, acc[r][c]);
+    let mut sc = [[[0f32; 8]; C]; R];
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = (nb - b0).min(8);
+        scale_products(t, b0, &mut sc);
+        for j in 0..n {
+            let b = b0 + j;
+            for r in 0..R {
+                let w = _mm256_loadu_si256(t.qs.add(r * t.row_stride + b * QK) as *const __m256i);
+                let aw = _mm256_sign_epi8(w, w);
+                for c in 0..C {
+                    let x = _mm256_loadu_si256(t.xq.add(c * t.k + b * QK) as *const __m256i);
+                    let sx = _mm256_sign_epi8(x, w);
+                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r][c][j]), p, acc[r][c]);
+                }
             }
         }
+        b0 += n;
     }
-    for r in 0..R {
-        for c in 0..C {
-            *t.y.add(c * t.ldy + r) = hsum(acc[r][c]);
-        }
-    }
+    store_tile(t, &acc, &[[_mm256_setzero_ps(); C]; R]);
 }

@@ -15,15 +15,21 @@ use super::{QFormat, QuantMatrix, QK};
 
 /// Rows per tile.
 const ROWS: usize = 4;
+/// Rows per tile when there is a single token (a matrix-vector product): more rows in flight
+/// hide memory latency, and there is no token dimension to spend registers on.
+const ROWS_GEMV: usize = 4;
 /// Tokens per tile.
 const TOKENS: usize = 2;
 /// Tokens whose activations are processed together (kept in L2).
 const TOKEN_CHUNK: usize = 96;
 /// Work chunks per thread, for load balance under contention.
 const CHUNKS_PER_THREAD: usize = 4;
+/// Multiply-accumulates below which a matmul is cut into one chunk per thread.
+const SMALL_WORK: usize = 1 << 20;
 
 thread_local! {
     static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+    static UNPACKED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -50,16 +56,17 @@ fn quantize_parallel(acts: &mut QuantizedActs, x: &[f32], t: usize, k: usize) {
         acts.quantize_into(x, t, k);
         return;
     }
-    let nb = k / QK;
+    let ns = super::act::padded_blocks(k / QK);
     acts.t = t;
     acts.k = k;
+    acts.ns = ns;
     acts.qs.resize(t * k, 0);
-    acts.d.resize(t * nb, 0.0);
-    acts.s.resize(t * nb, 0.0);
+    acts.d.resize(t * ns, 0.0);
+    acts.s.resize(t * ns, 0.0);
     let per = t.div_ceil(rayon::current_num_threads() * CHUNKS_PER_THREAD).max(1);
     x.par_chunks(per * k)
         .zip(acts.qs.par_chunks_mut(per * k))
-        .zip(acts.d.par_chunks_mut(per * nb).zip(acts.s.par_chunks_mut(per * nb)))
+        .zip(acts.d.par_chunks_mut(per * ns).zip(acts.s.par_chunks_mut(per * ns)))
         .for_each(|((x, qs), (d, s))| {
             let mut tmp = QuantizedActs::default();
             let rows = x.len() / k;
@@ -81,13 +88,17 @@ unsafe impl Sync for OutPtr {}
 pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f32]) {
     assert_eq!(acts.k, w.cols);
     assert_eq!(y.len(), acts.t * w.rows);
-    let units = w.rows.div_ceil(ROWS);
-    let chunks = (rayon::current_num_threads() * CHUNKS_PER_THREAD).min(units).max(1);
+    let units = w.rows.div_ceil(if acts.t == 1 { ROWS_GEMV } else { ROWS });
+    // Small products (one decode token through a small matrix) are split once per thread:
+    // finer pieces would cost more in scheduling than they could balance.
+    let per_thread = if acts.t * w.rows * w.cols < SMALL_WORK { 1 } else { CHUNKS_PER_THREAD };
+    let chunks = (rayon::current_num_threads() * per_thread).min(units).max(1);
     let units_per_chunk = units.div_ceil(chunks);
     let out = OutPtr(y.as_mut_ptr());
+    let unit_rows = if acts.t == 1 { ROWS_GEMV } else { ROWS };
     (0..chunks).into_par_iter().for_each(|ci| {
-        let r0 = (ci * units_per_chunk * ROWS).min(w.rows);
-        let r1 = ((ci + 1) * units_per_chunk * ROWS).min(w.rows);
+        let r0 = (ci * units_per_chunk * unit_rows).min(w.rows);
+        let r1 = ((ci + 1) * units_per_chunk * unit_rows).min(w.rows);
         if r0 < r1 {
             let out = out;
             compute_rows(w, acts, r0, r1, out.0);
@@ -97,43 +108,86 @@ pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f
 
 fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: *mut f32) {
     let nb = w.blocks_per_row();
-    SCALES.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        scratch.resize(2 * ROWS * nb, 0.0);
-        let (dw, mw) = scratch.split_at_mut(ROWS * nb);
-        for t0 in (0..acts.t).step_by(TOKEN_CHUNK) {
-            let t1 = (t0 + TOKEN_CHUNK).min(acts.t);
-            for rt in (r0..r1).step_by(ROWS) {
-                let nr = ROWS.min(r1 - rt);
-                convert_scales(w, rt, nr, dw, mw);
-                for tt in (t0..t1).step_by(TOKENS) {
-                    let nc = TOKENS.min(t1 - tt);
-                    run_tile(w, acts, rt, nr, tt, nc, dw, mw, y);
+    let ns = super::act::padded_blocks(nb);
+    UNPACKED.with(|unpacked| {
+        SCALES.with(|scales| {
+            let mut unpacked = unpacked.borrow_mut();
+            let mut scales = scales.borrow_mut();
+            // The padding past nb in each row is zeroed here and never written.
+            let rows = if acts.t == 1 { ROWS_GEMV } else { ROWS };
+            scales.clear();
+            scales.resize(2 * rows * ns, 0.0);
+            let (dw, mw) = scales.split_at_mut(rows * ns);
+            for t0 in (0..acts.t).step_by(TOKEN_CHUNK) {
+                let t1 = (t0 + TOKEN_CHUNK).min(acts.t);
+                // With more than one token group per row tile, unpacking the nibbles once into
+                // bytes (in L1) beats unpacking them again for every group.
+                let unpack = w.format == QFormat::Q4 && t1 - t0 > TOKENS && super::avx2_available();
+                for rt in (r0..r1).step_by(rows) {
+                    let nr = rows.min(r1 - rt);
+                    convert_scales(w, rt, nr, dw, mw);
+                    let weights = if unpack {
+                        unpacked.resize(ROWS * nb * QK, 0);
+                        unpack_rows(w, rt, nr, &mut unpacked);
+                        Weights::Unpacked(&unpacked)
+                    } else {
+                        Weights::Packed
+                    };
+                    for tt in (t0..t1).step_by(TOKENS) {
+                        let nc = TOKENS.min(t1 - tt);
+                        run_tile(w, acts, rt, nr, tt, nc, dw, mw, weights, y);
+                    }
                 }
             }
-        }
+        })
     });
 }
 
+/// Scales (and offsets) of rows `r..r+nr` as f32, `padded_blocks(nb)` per row.
 fn convert_scales(w: &QuantMatrix, r: usize, nr: usize, dw: &mut [f32], mw: &mut [f32]) {
     let nb = w.blocks_per_row();
+    let ns = super::act::padded_blocks(nb);
     let d = &w.d[r * nb..(r + nr) * nb];
     let m = if w.format == QFormat::Q4 { &w.m[r * nb..(r + nr) * nb] } else { &[][..] };
     #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
-        // SAFETY: features detected at run time.
+    if super::avx2_available() {
+        // SAFETY: features detected at run time; dw and mw hold ROWS * ns values.
         unsafe {
-            super::avx2::f16_to_f32(d, dw);
-            super::avx2::f16_to_f32(m, mw);
+            super::avx2::convert_scales(d, nb, ns, nr, dw);
+            if !m.is_empty() {
+                super::avx2::convert_scales(m, nb, ns, nr, mw);
+            }
         }
         return;
     }
-    for (o, v) in dw.iter_mut().zip(d) {
-        *o = v.to_f32();
+    for i in 0..nr {
+        for b in 0..nb {
+            dw[i * ns + b] = d[i * nb + b].to_f32();
+            if !m.is_empty() {
+                mw[i * ns + b] = m[i * nb + b].to_f32();
+            }
+        }
     }
-    for (o, v) in mw.iter_mut().zip(m) {
-        *o = v.to_f32();
+}
+
+/// Where a tile reads its weights from.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// The matrix itself.
+    Packed,
+    /// Q4 rows unpacked to one byte per weight (the tile's rows only).
+    Unpacked(&'a [u8]),
+}
+
+fn unpack_rows(w: &QuantMatrix, r: usize, nr: usize, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nb = w.blocks_per_row();
+        // SAFETY: AVX2 checked by the caller; rows r..r+nr exist; out holds nr * nb * 32 bytes.
+        unsafe { super::avx2::unpack_q4(w.qs[r * nb * 16..].as_ptr(), nb * 16, nr, nb, out) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, r, nr, out);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -146,6 +200,7 @@ fn run_tile(
     nc: usize,
     dw: &[f32],
     mw: &[f32],
+    weights: Weights<'_>,
     y: *mut f32,
 ) {
     let nb = w.blocks_per_row();
@@ -156,50 +211,60 @@ fn run_tile(
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         use super::avx2::{q4_tile, q8_tile, Tile};
+        let (qs, row_stride) = match weights {
+            Weights::Packed => (w.qs[r * row_stride..].as_ptr(), row_stride),
+            Weights::Unpacked(u) => (u.as_ptr(), nb * QK),
+        };
         let t = Tile {
-            qs: w.qs[r * row_stride..].as_ptr(),
+            qs,
             row_stride,
             dw,
             mw,
             nb,
+            ns: acts.ns,
             xq: acts.qs[tok * acts.k..].as_ptr(),
-            xd: acts.d[tok * nb..].as_ptr(),
-            xs: acts.s[tok * nb..].as_ptr(),
+            xd: acts.d[tok * acts.ns..].as_ptr(),
+            xs: acts.s[tok * acts.ns..].as_ptr(),
             k: acts.k,
             // SAFETY: (tok, r) is inside y, which is acts.t x w.rows.
             y: unsafe { y.add(tok * w.rows + r) },
             ldy: w.rows,
         };
         macro_rules! dispatch {
-            ($f:ident) => {
+            ($f:ident $(, $u:expr)?) => {
                 // SAFETY: AVX2/FMA/F16C detected; the tile's rows, blocks and tokens are in
                 // bounds of the weight, activation and output buffers (checked by the caller's
                 // shape asserts and the loop bounds).
                 unsafe {
                     match (nr, nc) {
-                        (4, 4) => $f::<4, 4>(&t),
-                        (4, 3) => $f::<4, 3>(&t),
-                        (4, 2) => $f::<4, 2>(&t),
-                        (4, 1) => $f::<4, 1>(&t),
-                        (3, 4) => $f::<3, 4>(&t),
-                        (3, 3) => $f::<3, 3>(&t),
-                        (3, 2) => $f::<3, 2>(&t),
-                        (3, 1) => $f::<3, 1>(&t),
-                        (2, 4) => $f::<2, 4>(&t),
-                        (2, 3) => $f::<2, 3>(&t),
-                        (2, 2) => $f::<2, 2>(&t),
-                        (2, 1) => $f::<2, 1>(&t),
-                        (1, 4) => $f::<1, 4>(&t),
-                        (1, 3) => $f::<1, 3>(&t),
-                        (1, 2) => $f::<1, 2>(&t),
-                        _ => $f::<1, 1>(&t),
+                        (8, 1) => $f::<8, 1 $(, $u)?>(&t),
+                        (7, 1) => $f::<7, 1 $(, $u)?>(&t),
+                        (6, 1) => $f::<6, 1 $(, $u)?>(&t),
+                        (5, 1) => $f::<5, 1 $(, $u)?>(&t),
+                        (4, 4) => $f::<4, 4 $(, $u)?>(&t),
+                        (4, 3) => $f::<4, 3 $(, $u)?>(&t),
+                        (4, 2) => $f::<4, 2 $(, $u)?>(&t),
+                        (4, 1) => $f::<4, 1 $(, $u)?>(&t),
+                        (3, 4) => $f::<3, 4 $(, $u)?>(&t),
+                        (3, 3) => $f::<3, 3 $(, $u)?>(&t),
+                        (3, 2) => $f::<3, 2 $(, $u)?>(&t),
+                        (3, 1) => $f::<3, 1 $(, $u)?>(&t),
+                        (2, 4) => $f::<2, 4 $(, $u)?>(&t),
+                        (2, 3) => $f::<2, 3 $(, $u)?>(&t),
+                        (2, 2) => $f::<2, 2 $(, $u)?>(&t),
+                        (2, 1) => $f::<2, 1 $(, $u)?>(&t),
+                        (1, 4) => $f::<1, 4 $(, $u)?>(&t),
+                        (1, 3) => $f::<1, 3 $(, $u)?>(&t),
+                        (1, 2) => $f::<1, 2 $(, $u)?>(&t),
+                        _ => $f::<1, 1 $(, $u)?>(&t),
                     }
                 }
             };
         }
-        match w.format {
-            QFormat::Q4 => dispatch!(q4_tile),
-            QFormat::Q8 => dispatch!(q8_tile),
+        match (w.format, weights) {
+            (QFormat::Q4, Weights::Packed) => dispatch!(q4_tile, false),
+            (QFormat::Q4, Weights::Unpacked(_)) => dispatch!(q4_tile, true),
+            (QFormat::Q8, _) => dispatch!(q8_tile),
         }
         return;
     }
@@ -209,9 +274,10 @@ fn run_tile(
         dw,
         mw,
         nb,
+        ns: acts.ns,
         xq: &acts.qs[tok * acts.k..],
-        xd: &acts.d[tok * nb..],
-        xs: &acts.s[tok * nb..],
+        xd: &acts.d[tok * acts.ns..],
+        xs: &acts.s[tok * acts.ns..],
         k: acts.k,
     };
     for c in 0..nc {

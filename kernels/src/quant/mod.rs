@@ -28,6 +28,11 @@ mod op;
 mod scalar;
 
 pub use act::QuantizedActs;
+
+/// True when the AVX2 kernels run on this CPU.
+fn avx2_available() -> bool {
+    crate::cpu_has_avx2()
+}
 pub use convert::ggml_dequantize;
 pub use gemm::matmul;
 pub use op::qmatmul;

@@ -10,6 +10,8 @@ pub(super) struct Tile<'a> {
     pub dw: &'a [f32],
     pub mw: &'a [f32],
     pub nb: usize,
+    /// Stride of scales per row and per token.
+    pub ns: usize,
     pub xq: &'a [i8],
     pub xd: &'a [f32],
     pub xs: &'a [f32],
@@ -27,8 +29,8 @@ pub(super) fn q4_dot(t: &Tile<'_>, r: usize, c: usize) -> f32 {
         for j in 0..16 {
             isum += (w[j] & 0x0F) as i32 * x[j] as i32 + (w[j] >> 4) as i32 * x[j + 16] as i32;
         }
-        acc += t.dw[r * t.nb + b] * t.xd[c * t.nb + b] * isum as f32;
-        off += t.mw[r * t.nb + b] * t.xs[c * t.nb + b];
+        acc += t.dw[r * t.ns + b] * t.xd[c * t.ns + b] * isum as f32;
+        off += t.mw[r * t.ns + b] * t.xs[c * t.ns + b];
     }
     acc + off
 }
@@ -40,7 +42,7 @@ pub(super) fn q8_dot(t: &Tile<'_>, r: usize, c: usize) -> f32 {
         let w = &t.qs[r * t.row_stride + b * QK..r * t.row_stride + (b + 1) * QK];
         let x = &t.xq[c * t.k + b * QK..c * t.k + (b + 1) * QK];
         let isum: i32 = w.iter().zip(x).map(|(&w, &x)| (w as i8) as i32 * x as i32).sum();
-        acc += t.dw[r * t.nb + b] * t.xd[c * t.nb + b] * isum as f32;
+        acc += t.dw[r * t.ns + b] * t.xd[c * t.ns + b] * isum as f32;
     }
     acc
 }
