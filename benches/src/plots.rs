@@ -95,9 +95,13 @@ where
     if y1 - y0 < 1e-12 {
         y1 = y0 + 1.0;
     }
-    let pad = (y1 - y0) * 0.08;
+    // Headroom above the data for the legend (upper left), so it never hides a line.
+    let entries = chart.lines.len() + usize::from(chart.threshold.is_some());
+    let plot_px = (area.dim_in_pixel().1 as f64 - 110.0).max(100.0);
+    let legend = ((18 * entries + 28) as f64 / plot_px).min(0.6);
+    let pad = (y1 - y0) * 0.05;
     let y0 = if y0 < 0.0 { y0 - pad } else { y0 };
-    let y1 = y1 + pad;
+    let y1 = y0 + (y1 + pad - y0) / (1.0 - legend);
     let xpad = ((x1 - x0) * 0.05).max(0.05 * x1.abs().max(1.0));
     let mut c = ChartBuilder::on(area)
         .caption(&chart.title, ("sans-serif", 20))

@@ -318,7 +318,13 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
     let unit = spec.axis.unit();
     let mut md = format!("# {title}\n\n");
     let _ = writeln!(md, "- Workload: {}", spec.workload_desc);
-    let _ = writeln!(md, "- Offered load: {} ({}), the same seeded prompts at every load and for every target", spec.axis.describe(), spec.loads.len());
+    let loads: Vec<String> = spec.loads.iter().map(|l| format!("{}", spec.x(l))).collect();
+    let _ = writeln!(
+        md,
+        "- Offered loads ({}): {} {unit}; the same seeded prompts at every load and for every target",
+        spec.axis.describe(),
+        loads.join(", ")
+    );
     let _ = writeln!(
         md,
         "- Binary SLO (`--goodput`): {}",

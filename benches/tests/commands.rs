@@ -1,0 +1,202 @@
+//! `pace bench serve | sweep | ab` end to end against scripted servers on 127.0.0.1, and against
+//! a stand-in for `pace serve` that `ab --scheduler` starts and stops itself.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use pace_bench::BenchCommand;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: BenchCommand,
+}
+
+fn parse(args: &[&str]) -> BenchCommand {
+    let mut v = vec!["bench"];
+    v.extend_from_slice(args);
+    Cli::try_parse_from(v).unwrap_or_else(|e| panic!("{e}")).cmd
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pace-bench-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    d
+}
+
+/// Small, bounded workload flags shared by the tests.
+const SMALL: [&str; 12] = [
+    "--random-input-len", "24", "--random-output-len", "3", "--seed", "5", "--disable-tqdm", "--time-limit", "20", "--max-requests", "50",
+    "--goodput",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_saves_a_vllm_style_result_with_timelines() {
+    let base = common::start(common::Cfg::new(40, 15)).await;
+    let dir = tempdir("serve");
+    let mut args = vec!["serve", "--base-url", &base, "--num-prompts", "8", "--request-rate", "40"];
+    args.extend(SMALL);
+    let d = dir.to_str().unwrap();
+    args.extend(["ttft:500", "tpot:100", "--save-result", "--result-dir", d, "--result-filename", "r.json"]);
+    let BenchCommand::Serve(a) = parse(&args) else { unreachable!() };
+    let r = pace_bench::cli::serve(&a).await.unwrap();
+    assert_eq!(r.model_id, "scripted-model", "found on /v1/models");
+    assert_eq!((r.completed, r.failed, r.rejected), (8, 0, 0));
+    assert!(r.input_lens.iter().all(|&n| n == 24), "random prompts are exact in tokens");
+    assert_eq!(r.info.seed, 5);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    for key in [
+        "date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
+        "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+        "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "errors", "mean_ttft_ms",
+        "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
+        "rejected", "dropped", "token_goodput", "smooth_goodput", "attainment", "p99_idle_ms", "timelines",
+    ] {
+        assert!(v.get(key).is_some(), "result file lacks {key}");
+    }
+    assert_eq!(v["backend"], "openai");
+    assert_eq!(v["request_rate"], 40.0);
+    let tl = v["timelines"].as_array().unwrap();
+    assert_eq!(tl.len(), 8);
+    assert_eq!(tl[0]["record"]["token_times"].as_array().unwrap().len(), 3);
+    assert_eq!(tl[0]["usage_completion_tokens"], 3);
+    // Same seed, same prompts and schedule: a second run offers the identical workload.
+    let again = pace_bench::cli::serve(&a).await.unwrap();
+    assert_eq!(again.input_lens, r.input_lens);
+    let sched = |x: &pace_bench::report::BenchResult| x.timelines.iter().map(|t| t.scheduled).collect::<Vec<_>>();
+    assert_eq!(sched(&again), sched(&r));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn assert_report(dir: &Path, labels: &[&str]) -> String {
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for l in labels {
+        assert!(md.contains(l), "report lacks {l}");
+    }
+    for f in ["sweep.json", "overview.svg", "overview.png", "smooth_goodput.svg", "ttft_p99.png", "tpot_p50.svg", "idle_p99.png", "attainment.svg"] {
+        let bytes = std::fs::read(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(bytes.len() > 1000, "{f} is too small");
+        if f.ends_with(".png") {
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        }
+    }
+    let svg = std::fs::read_to_string(dir.join("ttft_p99.svg")).unwrap();
+    assert!(svg.contains("SLO: TTFT") && svg.contains("offered load"), "threshold line and axis label");
+    md
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_writes_markdown_json_and_plots() {
+    let base = common::start(common::Cfg::new(30, 10)).await;
+    let dir = tempdir("sweep");
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["sweep", "--base-url", &base, "--label", "scripted", "--request-rates", "20,60", "--num-prompts", "6", "--result-dir", d];
+    args.extend(SMALL);
+    args.extend(["ttft:500", "tpot:100"]);
+    let BenchCommand::Sweep(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::sweep(&a).await.unwrap();
+    let md = assert_report(&dir, &["scripted", "capacity at 90% attainment", "### 20 req/s", "### 60 req/s"]);
+    assert!(md.contains("| scripted | 60 req/s |"), "every request passes, so capacity is the top load:\n{md}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(v["series"][0]["points"].as_array().unwrap().len(), 2);
+    assert!(dir.join("points/scripted-20.json").is_file());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_over_urls_overlays_targets_and_finds_capacity() {
+    let fast = common::start(common::Cfg::new(30, 10)).await;
+    let slow = common::start(common::Cfg::new(300, 60)).await;
+    let dir = tempdir("ab-urls");
+    let urls = format!("{fast},{slow}");
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["ab", "--base-urls", &urls, "--labels", "fast,slow", "--request-rates", "10,30", "--num-prompts", "5", "--result-dir", d];
+    args.extend(SMALL);
+    args.extend(["ttft:200"]);
+    let BenchCommand::Ab(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    let md = assert_report(&dir, &["fast vs slow", "| fast |", "| slow |"]);
+    assert!(md.contains("| fast | 30 req/s |") && md.contains("| slow | none reached |"), "{md}");
+    let svg = std::fs::read_to_string(dir.join("smooth_goodput.svg")).unwrap();
+    assert!(svg.contains("fast") && svg.contains("slow"), "both targets in the legend");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Writes a `pace` stand-in: a shell script that runs this test binary's `fake_pace_serve`.
+fn fake_pace(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let script = dir.join("fake-pace");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nPACE_BENCH_FAKE_SERVE=\"$*\" exec '{}' fake_pace_serve --exact --ignored --nocapture\n", exe.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_starts_and_stops_one_server_per_scheduler() {
+    let dir = tempdir("ab-sched");
+    let bin = fake_pace(&dir.join("bin"));
+    let d = dir.join("report");
+    let d = d.to_str().unwrap();
+    let mut args = vec![
+        "ab", "--scheduler", "smooth,fcfs", "--pace-bin", bin.to_str().unwrap(), "--serve-arg=--max-num-seqs=4",
+        "--request-rates", "10,30", "--num-prompts", "4", "--result-dir", d, "--server-start-timeout", "30", "--server-stop-timeout", "10",
+    ];
+    args.extend(SMALL);
+    args.extend(["ttft:150"]);
+    let BenchCommand::Ab(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    let report = dir.join("report");
+    let md = assert_report(&report, &["smooth vs fcfs"]);
+    assert!(md.contains("| smooth | 30 req/s |") && md.contains("| fcfs | none reached |"), "{md}");
+    for policy in ["smooth", "fcfs"] {
+        let log = std::fs::read_to_string(report.join(format!("logs/serve-{policy}.log"))).unwrap();
+        assert!(log.contains(&format!("--scheduler {policy} --max-num-seqs=4")), "{log}");
+        assert!(log.contains("stopped by SIGTERM"), "the server was stopped gracefully: {log}");
+    }
+    // A server that dies at start is an error naming its log, not a hang.
+    let cfg = pace_bench::launch::ServeConfig {
+        bin: "/bin/false".into(),
+        args: vec![],
+        start_timeout: 30.0,
+        stop_timeout: 1.0,
+        log_dir: dir.join("logs"),
+    };
+    let mut p = pace_bench::launch::ServeProcess::spawn(&cfg, "smooth").unwrap();
+    let err = p.wait_ready(&pace_bench::client::http_client(1).unwrap(), 30.0).await.unwrap_err();
+    assert!(err.to_string().contains("exited before it was ready"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The stand-in for `pace serve` started by `ab_starts_and_stops_one_server_per_scheduler`
+/// (through the script from [`fake_pace`]): a scripted server on `--port`, fast for `smooth` and
+/// slow for `fcfs`, that exits on SIGTERM. Does nothing when run any other way.
+#[test]
+#[ignore = "helper process for the ab test, not a test"]
+fn fake_pace_serve() {
+    let Ok(args) = std::env::var("PACE_BENCH_FAKE_SERVE") else { return };
+    println!("fake pace {args}");
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let after = |flag: &str| words.iter().position(|w| *w == flag).and_then(|i| words.get(i + 1)).copied();
+    let port: u16 = after("--port").unwrap().parse().unwrap();
+    let cfg = if after("--scheduler") == Some("fcfs") { common::Cfg::new(250, 40) } else { common::Cfg::new(30, 10) };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        axum::serve(listener, common::app(cfg))
+            .with_graceful_shutdown(async move {
+                term.recv().await;
+            })
+            .await
+            .unwrap();
+    });
+    println!("stopped by SIGTERM");
+}
