@@ -23,6 +23,8 @@ import argparse
 import json
 import math
 import random
+import signal
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -275,25 +277,35 @@ def engine_loop(reg, stop):
 
 
 def main():
+    argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:  # `fake_pace.py serve ...` mimics `pace serve` (test_e2e's own self-test)
+        argv = argv[1:]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1"])
+    p.add_argument("--threads", type=int, default=1, help="ignored")
     p.add_argument("--scheduler", default="smooth")
     p.add_argument("--model-name", default="SmolLM2-135M-Instruct")
     p.add_argument("--metrics-window", type=float, default=60.0)
     p.add_argument("--max-inflight", type=int, default=6)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     reg = Registry(args.model_name, args.scheduler, args.metrics_window)
     sim = Sim(args.scheduler, reg, args.max_inflight, seed=sum(map(ord, args.scheduler)))
     stop = threading.Event()
     threading.Thread(target=engine_loop, args=(reg, stop), daemon=True).start()
     srv = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args, reg, sim))
     srv.daemon_threads = True
+    # SIGTERM as pace handles it, simplified: stop serving, let requests in flight end, exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown, daemon=True).start())
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
+        deadline = time.time() + 30
+        while reg.inflight and time.time() < deadline:
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
