@@ -13,6 +13,7 @@ test_e2e_real_pace_serve   the real server (default model). Skips LOUDLY while `
     PACE_E2E_STRICT=1     event counters the load may not trigger (rejections, preemptions) must
                           exist too (by default their absence is a warning)
     PACE_E2E_OUT          where the report and panel plots go (default deploy/test/out/e2e-real)
+    (Self-test of this path without the server: PACE_CMD="python3 deploy/test/fake_pace.py".)
 test_e2e_contract_fake     the same pipeline against fake_pace.py, a stand-in that serves the
                            metric contract (not the server): checks the dashboard and rules
                            against the contract on every CI run, strictly.
