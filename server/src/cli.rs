@@ -179,9 +179,14 @@ fn profile(runner: &mut ModelRunner, sc: &SchedulerConfig) -> Result<Vec<(StepSh
             runner.add_request(s.id, Sampler::new(SamplingParams::greedy(), &[]).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         let plan = BatchPlan { step: 0, seqs, released: vec![] };
-        let t0 = Instant::now();
-        runner.execute(&plan)?;
-        samples.push((StepShape::of(&plan), t0.elapsed().as_secs_f64()));
+        // The faster of two runs: a neighbour process or a page fault only ever adds time.
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            runner.execute(&plan)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        samples.push((StepShape::of(&plan), best));
         runner.execute(&BatchPlan { step: 0, seqs: vec![], released: ids })?;
         Ok(())
     };
@@ -214,7 +219,7 @@ fn profile(runner: &mut ModelRunner, sc: &SchedulerConfig) -> Result<Vec<(StepSh
         run(runner, vec![s])?;
     }
     let warmups = 1;
-    for c in [chunk / 4, chunk / 2, chunk] {
+    for c in [chunk / 16, chunk / 8, chunk / 4, chunk / 2, chunk] {
         if let Some(s) = prefill(c) {
             run(runner, vec![s])?;
         }

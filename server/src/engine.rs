@@ -43,6 +43,17 @@ impl EngineCore {
         Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0 }
     }
 
+    /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).
+    pub fn with_origin(mut self, origin: Instant) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// Ids of the requests in the last step's plan.
+    pub fn last_plan_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.plan.seqs.iter().map(|s| s.id)
+    }
+
     /// Seconds since the engine started.
     pub fn now(&self) -> f64 {
         self.origin.elapsed().as_secs_f64()

@@ -2,7 +2,9 @@
 
 mod cli;
 mod engine;
+mod engine_bench;
 mod generate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -16,8 +18,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
     /// Generate text for one or more prompts (continuous batching, no HTTP).
     Generate(generate::GenerateArgs),
+    /// Measure engine throughput (prefill, decode, aggregate decode) without HTTP.
+    EngineBench(engine_bench::EngineBenchArgs),
     /// Simulate the scheduling policies on a cost-model preset (discrete-event, virtual clock).
     Sim(pace_bench::sim_cmd::SimArgs),
 }
@@ -29,9 +35,17 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    // candle's own CPU thread pool spins while it waits; pace's kernels run on rayon's pool,
+    // whose workers sleep. Keep candle's elementwise ops on the calling thread.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::EngineBench(a) => engine_bench::run(a),
         Command::Sim(a) => pace_bench::sim_cmd::run(a),
     };
     if let Err(e) = result {

@@ -158,25 +158,24 @@ impl Policy for Smooth {
         let (chunk, t_full) = Self::full_step(ctx, n_dec, kv_dec);
         let rate = chunk as f64 / t_full;
         let ahead: usize = ctx.running.iter().chain(ctx.waiting).filter(|v| v.uncomputed() > 1).map(|v| v.uncomputed()).sum();
-        let own = req.uncomputed() as f64 / rate;
-        let mut wait = (ahead as f64 / rate + own).max(t_full);
-        // A full batch: the request starts when enough running streams finish, one token a step.
-        let over = (ctx.running.len() + ctx.waiting.len() + 1).saturating_sub(ctx.max_num_seqs);
-        if over > 0 && !ctx.running.is_empty() {
-            self.remaining.clear();
-            self.remaining.extend(ctx.running.iter().map(|v| v.remaining_output().max(1)));
-            let rounds = (over - 1) / self.remaining.len();
-            let k = (over - 1) % self.remaining.len();
-            let longest = *self.remaining.iter().max().unwrap_or(&1);
-            let kth = *self.remaining.select_nth_unstable(k).1;
-            let steps = rounds * longest + kth;
-            wait = wait.max(steps as f64 * t_full + own);
-        }
+        // The request's own prefill: full chunks, then a last step holding the remainder with
+        // the current decodes (alone: without them). An idle server answers a short prompt in
+        // one short step, not in a full-budget one.
+        let own_time = |with_decodes: bool| -> f64 {
+            let own = req.uncomputed();
+            let full = own.saturating_sub(1) / chunk;
+            let rest = own - full * chunk;
+            let mut last = if with_decodes { StepShape { decode_seqs: n_dec, kv_tokens: kv_dec, ..Default::default() } } else { StepShape::default() };
+            last.add_slice(full * chunk, rest);
+            full as f64 * t_full + ctx.cost.predict(&last)
+        };
+        let own = own_time(true);
+        let mut wait = ahead as f64 / rate + own;
         let deadline = req.next_deadline();
         let idle = (ctx.now + wait - deadline).max(0.0);
         // What it would lose alone on the machine is no reason to refuse it: no policy can do
         // better. The margin applies to the loss caused by waiting behind others.
-        let idle_alone = (ctx.now + own.max(t_full) - deadline).max(0.0);
+        let idle_alone = (ctx.now + own_time(false) - deadline).max(0.0);
         let slo = ctx.slo;
         let n = req.remaining_output();
         let max_loss = self.cfg.admit_max_loss * n as f64;

@@ -1,0 +1,80 @@
+//! `ApiJson<T>`: the body extractor of every JSON route. Checks the Content-Type (415), reads the
+//! body under the size limit (413), parses it (400 for malformed JSON or a body that is not an
+//! object) and deserializes it, turning serde's errors into a 400 that names the parameter.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_TYPE;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::serve::state::AppState;
+
+/// A JSON request body, validated for shape.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let ct = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if mime != "application/json" {
+            return Err(ApiError::UnsupportedMediaType(ct));
+        }
+        let limit = state.config.max_body_bytes;
+        let bytes = axum::body::to_bytes(req.into_body(), limit)
+            .await
+            .map_err(|_| ApiError::PayloadTooLarge { limit })?;
+        parse_body(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a request body (exposed for tests and fuzzing).
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object", None));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        let join = |field: &str| {
+            if path == "." || path.is_empty() {
+                field.to_string()
+            } else if path == field || path.ends_with(&format!(".{field}")) {
+                path.clone()
+            } else {
+                format!("{path}.{field}")
+            }
+        };
+        if let Some(field) = unknown_field(&inner) {
+            let param = join(field);
+            return ApiError::invalid(format!("Unrecognized request argument supplied: {param}"), Some(param));
+        }
+        if let Some(field) = missing_field(&inner) {
+            let param = join(field);
+            return ApiError::invalid(format!("Missing required parameter: '{param}'."), Some(param));
+        }
+        let param = if path == "." { None } else { Some(path.clone()) };
+        // serde's message ends with " at line L column C" for the Value it re-read; drop that.
+        let msg = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+        ApiError::invalid(format!("Invalid value for '{path}': {msg}"), param)
+    })
+}
+
+fn quoted_after<'a>(msg: &'a str, prefix: &str) -> Option<&'a str> {
+    let rest = msg.strip_prefix(prefix)?;
+    let rest = rest.strip_prefix('`')?;
+    rest.split('`').next()
+}
+
+fn unknown_field(msg: &str) -> Option<&str> {
+    quoted_after(msg, "unknown field ")
+}
+
+fn missing_field(msg: &str) -> Option<&str> {
+    quoted_after(msg, "missing field ")
+}

@@ -1,0 +1,212 @@
+//! OpenAI request bodies as the client sends them. Unknown fields are rejected (400 naming the
+//! field), as OpenAI does; fields OpenAI defines that pace does not act on are accepted only in
+//! their harmless forms (see `validate`). Numbers are read wide (`i64`, `f64`) so that a negative
+//! or out-of-range value becomes a 400 naming the parameter, not a serde type error.
+//!
+//! Extensions beyond OpenAI's set, as vLLM names them: `top_k`, `min_p`, `min_tokens`,
+//! `ignore_eos`, `repetition_penalty`, `stop_token_ids`, `skip_special_tokens`,
+//! `include_stop_str_in_output`, and pace's smooth-goodput class: `reading_rate` (tokens/s the
+//! user reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is
+//! due; default `--ttft-grace`).
+
+use serde::Deserialize;
+
+/// `prompt` of `/v1/completions`: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text prompt.
+    Text(String),
+    /// One prompt as token ids.
+    Tokens(Vec<i64>),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several stop strings.
+    Many(Vec<String>),
+}
+
+impl StopInput {
+    /// As a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send one usage chunk last, before `[DONE]`.
+    pub include_usage: Option<bool>,
+    /// Accepted for compatibility (vLLM): usage on every chunk is not sent.
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// Sampling and limit fields shared by both endpoints (OpenAI's, then the extensions).
+#[derive(Debug, Clone, Default)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopInput>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub user: Option<String>,
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub min_tokens: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub repetition_penalty: Option<f64>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub reading_rate: Option<f64>,
+    pub ttft_grace: Option<f64>,
+}
+
+/// Defines a request body struct with its own fields plus every [`CommonParams`] field, and a
+/// `common()` accessor. (serde's `flatten` cannot be combined with `deny_unknown_fields`.)
+macro_rules! with_common_params {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            pub model: Option<String>,
+            pub max_tokens: Option<i64>,
+            pub temperature: Option<f64>,
+            pub top_p: Option<f64>,
+            pub n: Option<i64>,
+            pub stream: Option<bool>,
+            pub stream_options: Option<StreamOptions>,
+            pub stop: Option<StopInput>,
+            pub presence_penalty: Option<f64>,
+            pub frequency_penalty: Option<f64>,
+            pub seed: Option<i64>,
+            pub user: Option<String>,
+            pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+            pub top_k: Option<i64>,
+            pub min_p: Option<f64>,
+            pub min_tokens: Option<i64>,
+            pub ignore_eos: Option<bool>,
+            pub repetition_penalty: Option<f64>,
+            pub stop_token_ids: Option<Vec<i64>>,
+            pub skip_special_tokens: Option<bool>,
+            pub include_stop_str_in_output: Option<bool>,
+            pub reading_rate: Option<f64>,
+            pub ttft_grace: Option<f64>,
+        }
+
+        impl $name {
+            /// The shared fields.
+            pub fn common(&self) -> CommonParams {
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, .. } = self.clone();
+                CommonParams { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, }
+            }
+        }
+    };
+}
+
+with_common_params! {
+    /// `/v1/completions` body.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CompletionRequest {
+        pub prompt: PromptInput,
+        /// Number of top log-probabilities per token (0 = only the chosen token's).
+        pub logprobs: Option<i64>,
+        pub echo: Option<bool>,
+        pub best_of: Option<i64>,
+        pub suffix: Option<String>,
+        /// Encode the prompt with the model's BOS (default true, as vLLM).
+        pub add_special_tokens: Option<bool>,
+    }
+}
+
+/// One part of a message's content list.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// A message's `content`: text or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (only `text` parts are supported).
+    Parts(Vec<ContentPart>),
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageIn {
+    pub role: String,
+    pub content: Option<Content>,
+    pub name: Option<String>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+with_common_params! {
+    /// `/v1/chat/completions` body.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ChatRequest {
+        pub messages: Vec<MessageIn>,
+        pub max_completion_tokens: Option<i64>,
+        pub logprobs: Option<bool>,
+        pub top_logprobs: Option<i64>,
+        pub response_format: Option<ResponseFormat>,
+        pub tools: Option<Vec<serde_json::Value>>,
+        pub tool_choice: Option<serde_json::Value>,
+        pub parallel_tool_calls: Option<bool>,
+        /// Render the template with a generation prompt (default true).
+        pub add_generation_prompt: Option<bool>,
+    }
+}
+
+/// `/tokenize` body: a prompt or chat messages.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<MessageIn>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// `/detokenize` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}

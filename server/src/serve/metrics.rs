@@ -1,0 +1,233 @@
+//! Prometheus metrics: per-token delivery histograms, live goodput gauges over a sliding window,
+//! and engine load. Every series carries the `model_name` and `scheduler` labels (global labels
+//! of the recorder), so two instances of an A/B test are told apart on one panel. The configured
+//! binary-SLO thresholds are bucket boundaries of the TTFT, TPOT and E2E histograms, so
+//! attainment can be read as `bucket{le=SLO} / count`.
+//!
+//! The gauges come from `pace_scheduler::slo` — the same code the benchmark client uses — over
+//! the requests that ended in the last `--metrics-window` seconds, with server-side timestamps:
+//! arrival when the request was accepted, each token when the frame carrying it was written.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use pace_scheduler::slo::{idle_latency, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
+use pace_scheduler::{RejectReason, SchedulerStats};
+
+const TTFT: &str = "pace_time_to_first_token_seconds";
+const ITL: &str = "pace_inter_token_latency_seconds";
+const TPOT: &str = "pace_time_per_output_token_seconds";
+const E2E: &str = "pace_e2e_request_latency_seconds";
+const IDLE: &str = "pace_user_idle_latency_seconds";
+const QUEUE: &str = "pace_request_queue_time_seconds";
+const PROMPT_TOKENS: &str = "pace_request_prompt_tokens";
+const GEN_TOKENS: &str = "pace_request_generation_tokens";
+const STEP: &str = "pace_step_duration_seconds";
+const STEP_TOKENS: &str = "pace_step_batch_tokens";
+
+/// Finish reasons as exported (`finished_reason` label values).
+pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
+
+/// Label value of a rejection reason.
+pub fn reject_label(r: RejectReason) -> &'static str {
+    match r {
+        RejectReason::QueueFull => "queue_full",
+        RejectReason::QueueTokens => "queue_tokens",
+        RejectReason::PredictedLate => "predicted_late",
+        RejectReason::TooLong => "too_long",
+        RejectReason::Invalid => "invalid",
+    }
+}
+
+/// Rejection label values beyond the scheduler's reasons.
+pub const OTHER_REJECTIONS: [&str; 2] = ["draining", "loading"];
+
+fn buckets_with(base: &[f64], extra: &[Option<f64>]) -> Vec<f64> {
+    let mut b: Vec<f64> = base.to_vec();
+    b.extend(extra.iter().flatten().copied().filter(|v| v.is_finite() && *v > 0.0));
+    b.sort_by(f64::total_cmp);
+    b.dedup_by(|a, b| (*a - *b).abs() < 1e-12);
+    b
+}
+
+/// Installs the global recorder; returns the handle `/metrics` renders.
+pub fn install(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Result<PrometheusHandle> {
+    let lat = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+    let itl = [0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
+    let idle = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0];
+    let tokens = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0];
+    let b = slo.binary;
+    let handle = PrometheusBuilder::new()
+        .add_global_label("model_name", model_name)
+        .add_global_label("scheduler", scheduler)
+        .set_buckets_for_metric(Matcher::Full(TTFT.into()), &buckets_with(&lat, &[b.ttft]))?
+        .set_buckets_for_metric(Matcher::Full(TPOT.into()), &buckets_with(&itl, &[b.tpot]))?
+        .set_buckets_for_metric(Matcher::Full(ITL.into()), &buckets_with(&itl, &[b.tpot]))?
+        .set_buckets_for_metric(Matcher::Full(E2E.into()), &buckets_with(&lat, &[b.e2el]))?
+        .set_buckets_for_metric(Matcher::Full(IDLE.into()), &idle)?
+        .set_buckets_for_metric(Matcher::Full(QUEUE.into()), &lat)?
+        .set_buckets_for_metric(Matcher::Full(PROMPT_TOKENS.into()), &tokens)?
+        .set_buckets_for_metric(Matcher::Full(GEN_TOKENS.into()), &tokens)?
+        .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), &tokens)?
+        .set_buckets_for_metric(Matcher::Full(STEP.into()), &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12])?
+        .install_recorder()?;
+    describe();
+    // Counters exist from the start, so rates and alerts have series before the first event.
+    for r in FINISH_REASONS {
+        counter!("pace_requests_total", "finished_reason" => r).absolute(0);
+    }
+    for r in RejectReason::ALL.map(reject_label).iter().chain(OTHER_REJECTIONS.iter()) {
+        counter!("pace_requests_rejected_total", "reason" => *r).absolute(0);
+    }
+    counter!("pace_preemptions_total").absolute(0);
+    counter!("pace_prompt_tokens_total").absolute(0);
+    counter!("pace_generation_tokens_total").absolute(0);
+    Ok(handle)
+}
+
+fn describe() {
+    describe_histogram!(TTFT, Unit::Seconds, "Time to first token: first token's delivery minus arrival.");
+    describe_histogram!(ITL, Unit::Seconds, "Gaps between consecutive token deliveries.");
+    describe_histogram!(TPOT, Unit::Seconds, "Time per output token after the first, per request.");
+    describe_histogram!(E2E, Unit::Seconds, "End-to-end latency: last token's delivery minus arrival.");
+    describe_histogram!(IDLE, Unit::Seconds, "User idle latency: worst lateness against the reading-rate deadlines.");
+    describe_histogram!(QUEUE, Unit::Seconds, "Arrival to first scheduling.");
+    describe_histogram!(PROMPT_TOKENS, Unit::Count, "Prompt tokens per request.");
+    describe_histogram!(GEN_TOKENS, Unit::Count, "Generated tokens per request.");
+    describe_histogram!(STEP, Unit::Seconds, "Duration of one engine step (one forward pass).");
+    describe_histogram!(STEP_TOKENS, Unit::Count, "Tokens fed to the model per step.");
+    describe_gauge!("pace_goodput_requests_per_second", "Requests that met the binary SLO per second, over the metrics window.");
+    describe_gauge!("pace_goodput_tokens_per_second", "Output tokens of requests that met the binary SLO per second, over the window.");
+    describe_gauge!("pace_smooth_goodput_per_second", "Sum of benefits n - alpha f(idle) per second, over the window.");
+    describe_gauge!("pace_slo_attainment_ratio", "Requests that met the binary SLO over requests completed, in the window.");
+    describe_gauge!("pace_inflight_max_idle_latency_seconds", "Largest idle latency among requests still streaming.");
+    describe_gauge!("pace_num_requests_running", "Requests in the running batch.");
+    describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
+    describe_gauge!("pace_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.");
+    describe_counter!("pace_requests_total", "Finished requests by finish reason.");
+    describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
+    describe_counter!("pace_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
+    describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
+    describe_counter!("pace_generation_tokens_total", "Output tokens delivered.");
+}
+
+/// Queue time of a request at its first scheduling.
+pub fn record_queue_time(secs: f64) {
+    histogram!(QUEUE).record(secs.max(0.0));
+}
+
+/// One engine step.
+pub fn record_step(secs: f64, tokens: usize) {
+    histogram!(STEP).record(secs);
+    histogram!(STEP_TOKENS).record(tokens as f64);
+}
+
+/// Engine load after a step.
+pub fn publish_engine(s: &SchedulerStats) {
+    gauge!("pace_num_requests_running").set(s.running as f64);
+    gauge!("pace_num_requests_waiting").set(s.waiting as f64);
+    let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
+    gauge!("pace_kv_cache_usage_ratio").set(usage);
+    counter!("pace_preemptions_total").absolute(s.preemptions);
+}
+
+/// A request in flight, as the server has delivered it so far.
+#[derive(Debug)]
+pub struct Live {
+    /// Arrival, engine clock.
+    pub arrival: f64,
+    /// Delivery times so far.
+    pub token_times: Vec<f64>,
+    /// Reading class.
+    pub class: SloClass,
+}
+
+/// The sliding window of finished requests and the registry of live ones.
+pub struct Window {
+    params: SloParams,
+    window_s: f64,
+    finished: Mutex<VecDeque<RequestRecord>>,
+    live: Mutex<HashMap<u64, Arc<Mutex<Live>>>>,
+}
+
+impl Window {
+    /// A window of `window_s` seconds computed with `params`.
+    pub fn new(params: SloParams, window_s: f64) -> Self {
+        Self { params, window_s, finished: Mutex::new(VecDeque::new()), live: Mutex::new(HashMap::new()) }
+    }
+
+    /// Registers a live request; returns its timeline to append delivery times to.
+    pub fn start(&self, id: u64, arrival: f64, class: SloClass) -> Arc<Mutex<Live>> {
+        let live = Arc::new(Mutex::new(Live { arrival, token_times: Vec::new(), class }));
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(id, live.clone());
+        }
+        live
+    }
+
+    /// Records a finished (or rejected) request: histograms, counters and the window.
+    pub fn finish(&self, id: u64, record: RequestRecord, prompt_tokens: usize, finished_reason: &'static str) {
+        if let Ok(mut m) = self.live.lock() {
+            m.remove(&id);
+        }
+        counter!("pace_requests_total", "finished_reason" => finished_reason).increment(1);
+        if record.outcome != Outcome::Rejected {
+            if let Some(t) = record.ttft() {
+                histogram!(TTFT).record(t);
+            }
+            for gap in record.itls() {
+                histogram!(ITL).record(gap);
+            }
+            if record.num_tokens() >= 2 {
+                histogram!(TPOT).record(record.tpot());
+            }
+            if record.outcome == Outcome::Completed {
+                if let Some(e) = record.e2e() {
+                    histogram!(E2E).record(e);
+                }
+            }
+            histogram!(IDLE).record(record.idle_latency());
+            histogram!(PROMPT_TOKENS).record(prompt_tokens as f64);
+            histogram!(GEN_TOKENS).record(record.num_tokens() as f64);
+            counter!("pace_generation_tokens_total").increment(record.num_tokens() as u64);
+        }
+        if let Ok(mut f) = self.finished.lock() {
+            f.push_back(record);
+        }
+    }
+
+    /// Recomputes the goodput gauges at engine time `now`.
+    pub fn update_gauges(&self, now: f64) {
+        let start = now - self.window_s;
+        let stats = match self.finished.lock() {
+            Ok(mut f) => {
+                while f.front().is_some_and(|r| r.end < start) {
+                    f.pop_front();
+                }
+                let records: Vec<RequestRecord> = f.iter().cloned().collect();
+                WindowStats::compute(&records, start, now, &self.params)
+            }
+            Err(_) => return,
+        };
+        gauge!("pace_goodput_requests_per_second").set(stats.request_goodput);
+        gauge!("pace_goodput_tokens_per_second").set(stats.token_goodput);
+        gauge!("pace_smooth_goodput_per_second").set(stats.smooth_goodput);
+        gauge!("pace_slo_attainment_ratio").set(stats.attainment);
+        let worst = match self.live.lock() {
+            Ok(m) => m
+                .values()
+                .filter_map(|l| l.lock().ok().map(|l| idle_latency(l.arrival, &l.token_times, l.class, Some(now))))
+                .fold(0.0f64, f64::max),
+            Err(_) => 0.0,
+        };
+        gauge!("pace_inflight_max_idle_latency_seconds").set(worst);
+    }
+
+    /// The window's statistics now (for tests and logs).
+    pub fn stats(&self, now: f64) -> WindowStats {
+        let records: Vec<RequestRecord> = self.finished.lock().map(|f| f.iter().cloned().collect()).unwrap_or_default();
+        WindowStats::compute(&records, now - self.window_s, now, &self.params)
+    }
+}

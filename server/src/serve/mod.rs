@@ -1,0 +1,230 @@
+//! `pace serve`: the OpenAI-compatible server.
+//!
+//! Start-up binds the port first and answers `/health` with 503 while the model loads on another
+//! thread; then the engine thread starts and the phase becomes `Ready`. SIGTERM or SIGINT moves
+//! to `Draining`: new requests get 503, in-flight ones run to completion for up to
+//! `--drain-timeout` seconds, and the process exits 0.
+
+pub mod api;
+pub mod engine_thread;
+pub mod metrics;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use pace_models::loader::ModelSource;
+use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
+
+use crate::cli::EngineArgs;
+use state::{AppState, Loaded, Phase, ServeConfig};
+
+/// Arguments of `pace serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Name the model is served under (repeat for aliases); default: from the model file.
+    #[arg(long = "served-model-name")]
+    pub served_model_name: Vec<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Scheduling policy.
+    #[arg(long, default_value = "smooth", value_parser = ["smooth", "fcfs", "drop-late"])]
+    pub scheduler: String,
+    /// Binary SLO for drop-late, attainment and goodput gauges: "ttft:MS tpot:MS [e2el:MS]".
+    #[arg(long, default_value = "ttft:2000 tpot:100", value_parser = parse_slo)]
+    pub slo: BinarySlo,
+    /// Default reading rate q of users, tokens per second (smooth goodput, smooth scheduler).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_positive)]
+    pub reading_rate: f64,
+    /// Default first-token grace g, seconds.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_non_negative)]
+    pub ttft_grace: f64,
+    /// Weight alpha of waiting against output in the benefit n - alpha f(idle).
+    #[arg(long, default_value_t = 2.5, value_parser = parse_non_negative)]
+    pub alpha: f64,
+    /// Penalty f of idle seconds: linear, capped:SECONDS or quadratic.
+    #[arg(long, default_value = "linear", value_parser = parse_penalty)]
+    pub penalty: Penalty,
+    /// Most requests waiting for admission; beyond it new requests get 429.
+    #[arg(long, default_value_t = 512)]
+    pub max_queue_requests: usize,
+    /// Most prompt tokens waiting for admission; beyond it new requests get 429.
+    #[arg(long, default_value_t = 1 << 19)]
+    pub max_queue_tokens: usize,
+    /// API key required on inference routes (repeatable; also PACE_API_KEY, comma separated).
+    #[arg(long = "api-key", env = "PACE_API_KEY", value_delimiter = ',', hide_env_values = true)]
+    pub api_key: Vec<String>,
+    /// Window of the goodput and attainment gauges, seconds.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_positive)]
+    pub metrics_window: f64,
+    /// Seconds in-flight requests may take to finish after SIGTERM.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_non_negative)]
+    pub drain_timeout: f64,
+    /// Largest request body, bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Largest `n` (choices per prompt).
+    #[arg(long, default_value_t = 16)]
+    pub max_n: usize,
+    /// Most top logprobs per token.
+    #[arg(long, default_value_t = 20)]
+    pub max_logprobs: usize,
+}
+
+fn parse_slo(s: &str) -> Result<BinarySlo, String> {
+    s.parse::<BinarySlo>().map_err(|e| e.to_string())
+}
+
+fn parse_penalty(s: &str) -> Result<Penalty, String> {
+    s.parse::<Penalty>().map_err(|e| e.to_string())
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("'{s}' must be a positive number")),
+    }
+}
+
+fn parse_non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("'{s}' must be a number >= 0")),
+    }
+}
+
+/// Runs the server until SIGTERM/SIGINT and a drain.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let source = ModelSource::parse(args.engine.model.as_deref())?;
+    let names = if args.served_model_name.is_empty() { vec![source.default_name()] } else { args.served_model_name.clone() };
+    if args.api_key.iter().any(|k| k.is_empty()) {
+        bail!("--api-key must not be empty");
+    }
+    let slo = SloParams { alpha: args.alpha, penalty: args.penalty, binary: args.slo, default_class: SloClass { reading_rate: args.reading_rate, grace: args.ttft_grace } };
+    let handle = metrics::install(&names[0], &args.scheduler, &slo)?;
+    let config = ServeConfig {
+        served_model_names: names,
+        api_keys: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        max_n: args.max_n.max(1),
+        max_stop: 16,
+        max_logprobs: args.max_logprobs,
+        max_prompts: 64,
+        default_class: slo.default_class,
+        max_queue_requests: args.max_queue_requests.max(1),
+        drain_timeout_s: args.drain_timeout,
+        unhealthy_after_failures: 3,
+    };
+    let state = Arc::new(AppState::new(config, metrics::Window::new(slo, args.metrics_window), handle));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("pace-http").enable_all().build()?;
+    rt.block_on(serve(args.clone(), state, slo))
+}
+
+async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<()> {
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    tracing::info!("listening on http://{addr} (/health answers 503 until the model is loaded)");
+
+    let loader_state = state.clone();
+    std::thread::Builder::new().name("pace-loader".into()).spawn(move || {
+        if let Err(e) = load(&args, &loader_state, slo) {
+            tracing::error!("loading failed: {e:#}");
+            loader_state.set_phase(Phase::Failed);
+            // A server that cannot serve should not look alive to an orchestrator.
+            std::process::exit(1);
+        }
+    })?;
+
+    let gauges_state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Some(l) = gauges_state.loaded.get() {
+                gauges_state.window.update_gauges(l.engine.now());
+            }
+        }
+    });
+
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown_state = state.clone();
+    let server = axum::serve(listener, api::app(state.clone())).with_graceful_shutdown(async move {
+        drain(&shutdown_state).await;
+        let _ = drained_tx.send(());
+    });
+    let server = tokio::spawn(async move { server.await });
+    // Once drained, give open connections a moment to close, then leave.
+    let _ = drained_rx.await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    if let Some(l) = state.loaded.get() {
+        l.engine.shutdown();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT, then drains: new requests get 503 while in-flight ones finish,
+/// for at most `--drain-timeout` seconds.
+async fn drain(state: &Arc<AppState>) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    state.set_phase(Phase::Draining);
+    let n = state.inflight.load(Ordering::Acquire);
+    tracing::info!("shutting down: draining {n} in-flight requests (up to {} s)", state.config.drain_timeout_s);
+    let deadline = Instant::now() + Duration::from_secs_f64(state.config.drain_timeout_s);
+    while state.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = state.inflight.load(Ordering::Acquire);
+    if left > 0 {
+        tracing::warn!("drain timeout: {left} requests still in flight are cut off");
+    }
+}
+
+/// Loads the model, builds the engine and marks the server ready.
+fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
+    let loaded = args.engine.load()?;
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let origin = Instant::now();
+    let queue = (args.max_queue_requests, args.max_queue_tokens);
+    let core = crate::cli::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
+        c.slo = slo;
+        c.max_queue_requests = queue.0.max(1);
+        c.max_queue_tokens = queue.1.max(1);
+    })?;
+    let core = core.with_origin(origin);
+    let engine = engine_thread::spawn(core, origin)?;
+    let ok = state
+        .loaded
+        .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone() })
+        .is_ok();
+    if !ok {
+        bail!("model loaded twice");
+    }
+    state.set_ready();
+    tracing::info!("ready: serving {} with the {} scheduler", state.model_name(), args.scheduler);
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! State shared by the HTTP handlers: configuration, serving phase, the loaded model's text side
+//! and engine handle (once loading finishes), the metrics window, and the in-flight count.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use pace_models::chat::ChatTemplate;
+use pace_models::tokenizer::Tokenizer;
+use pace_scheduler::slo::SloClass;
+
+use super::engine_thread::EngineHandle;
+use super::metrics::Window;
+
+/// Limits and names the handlers apply.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Name(s) the model is served under (`model` must be one of them, when given).
+    pub served_model_names: Vec<String>,
+    /// Accepted API keys; empty means no authentication.
+    pub api_keys: Vec<String>,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Largest `n`.
+    pub max_n: usize,
+    /// Most stop strings per request.
+    pub max_stop: usize,
+    /// Most top logprobs per token.
+    pub max_logprobs: usize,
+    /// Most prompts in one completions request.
+    pub max_prompts: usize,
+    /// Default reading class.
+    pub default_class: SloClass,
+    /// Queue bounds, checked before tokenizing (cheap pre-check; the scheduler checks again).
+    pub max_queue_requests: usize,
+    /// Seconds to wait for in-flight requests after SIGTERM.
+    pub drain_timeout_s: f64,
+    /// Consecutive failed steps after which `/health` reports unhealthy.
+    pub unhealthy_after_failures: u32,
+}
+
+/// Serving phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// The model is loading: inference routes answer 503.
+    Loading = 0,
+    /// Serving.
+    Ready = 1,
+    /// SIGTERM received: new requests get 503, in-flight ones finish.
+    Draining = 2,
+    /// Loading failed.
+    Failed = 3,
+}
+
+/// The loaded model's parts the handlers need.
+pub struct Loaded {
+    /// Tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Chat template.
+    pub template: ChatTemplate,
+    /// Engine thread.
+    pub engine: EngineHandle,
+    /// Longest sequence.
+    pub max_model_len: usize,
+    /// Scheduler policy name.
+    pub scheduler: String,
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// Limits and names.
+    pub config: ServeConfig,
+    phase: AtomicU8,
+    /// Set once the model is loaded.
+    pub loaded: OnceLock<Loaded>,
+    /// Metrics window and live requests.
+    pub window: Window,
+    /// Prometheus exporter.
+    pub metrics: PrometheusHandle,
+    /// Inference requests being served right now.
+    pub inflight: AtomicUsize,
+    /// Unix time the server started.
+    pub created: u64,
+}
+
+impl AppState {
+    /// New state in the `Loading` phase.
+    pub fn new(config: ServeConfig, window: Window, metrics: PrometheusHandle) -> Self {
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        Self { config, phase: AtomicU8::new(Phase::Loading as u8), loaded: OnceLock::new(), window, metrics, inflight: AtomicUsize::new(0), created }
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Loading,
+            1 => Phase::Ready,
+            2 => Phase::Draining,
+            _ => Phase::Failed,
+        }
+    }
+
+    /// Moves to `p`.
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Release);
+    }
+
+    /// Loading → Ready; a drain that began during loading stays a drain.
+    pub fn set_ready(&self) {
+        let _ = self.phase.compare_exchange(Phase::Loading as u8, Phase::Ready as u8, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The name used in responses.
+    pub fn model_name(&self) -> &str {
+        self.config.served_model_names.first().map(String::as_str).unwrap_or("model")
+    }
+}
+
+/// Counts an inference request in flight for as long as it lives (the drain waits for zero).
+pub struct InflightGuard(Arc<AppState>);
+
+impl InflightGuard {
+    /// Starts counting.
+    pub fn new(state: &Arc<AppState>) -> Self {
+        state.inflight.fetch_add(1, Ordering::AcqRel);
+        Self(state.clone())
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
