@@ -22,7 +22,7 @@ pub struct ArrivalProcess {
 impl ArrivalProcess {
     /// Checks the parameters: a positive rate (or infinity) and a positive, finite burstiness.
     pub fn new(rate: f64, burstiness: f64) -> anyhow::Result<Self> {
-        if !(rate > 0.0) {
+        if rate.is_nan() || rate <= 0.0 {
             anyhow::bail!("--request-rate must be positive or inf, got {rate}");
         }
         if !(burstiness > 0.0 && burstiness.is_finite()) {

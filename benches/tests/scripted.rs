@@ -188,7 +188,7 @@ async fn time_limit_cuts_streams_and_duration_stops_sending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_cap_holds_requests_back() {
-    let cfg = common::Cfg::new(60, 30);
+    let cfg = common::Cfg::new(100, 60);
     let base = common::start(cfg.clone()).await;
     let client = pace_bench::client::http_client(8).unwrap();
     let workload = Workload { prompts: (0..3).map(|_| prompt("default", 3)).collect(), schedule: vec![0.0; 3] };
@@ -202,8 +202,8 @@ async fn concurrency_cap_holds_requests_back() {
     }
     for r in &run.results {
         // Arrival is the send time, so TTFT does not include the wait for a slot.
-        close(r.record.ttft().unwrap(), 0.060, "TTFT from the send");
-        close(r.record.tpot(), 0.030, "TPOT");
+        close(r.record.ttft().unwrap(), 0.100, "TTFT from the send");
+        close(r.record.tpot(), 0.060, "TPOT");
     }
     assert_eq!(cfg.hits.load(std::sync::atomic::Ordering::SeqCst), 3);
 }

@@ -49,8 +49,11 @@ pub enum Step {
 
 use Step::*;
 
+/// A scripted reply: a stream, or an HTTP status with an optional `Retry-After` (seconds).
+pub type Reply = Result<Vec<Step>, (u16, Option<u64>)>;
+
 /// The script of a named scenario (`None`: the default stream).
-pub fn script(name: &str) -> Option<Result<Vec<Step>, (u16, Option<u64>)>> {
+pub fn script(name: &str) -> Option<Reply> {
     Some(Ok(match name {
         // TTFT 150, ITL 100: tokens at 150, 250, 350, 450, 550 ms.
         "steady" => vec![
