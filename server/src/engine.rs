@@ -35,17 +35,26 @@ pub struct EngineCore {
     plan: BatchPlan,
     origin: Instant,
     consecutive_failures: u32,
+    /// Test hook (`--debug-fail-on-token`): a step that feeds this token fails as if the model
+    /// had failed, so the failure path can be exercised end to end.
+    fail_on_token: Option<u32>,
 }
 
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
     pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
-        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0 }
+        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None }
     }
 
     /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).
     pub fn with_origin(mut self, origin: Instant) -> Self {
         self.origin = origin;
+        self
+    }
+
+    /// Makes every step that feeds `token` fail (a test hook for the failure path).
+    pub fn fail_on_token(mut self, token: Option<u32>) -> Self {
+        self.fail_on_token = token;
         self
     }
 
@@ -112,7 +121,13 @@ impl EngineCore {
         self.scheduler.schedule_into(now, &mut plan);
         let mut report = StepReport { num_tokens: plan.num_tokens(), num_seqs: plan.seqs.len(), ..Default::default() };
         let t0 = Instant::now();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.runner.execute(&plan)));
+        let inject = self.fail_on_token.is_some_and(|t| plan.seqs.iter().any(|s| s.tokens.contains(&t)));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if inject {
+                panic!("injected fault (--debug-fail-on-token)");
+            }
+            self.runner.execute(&plan)
+        }));
         let exec = t0.elapsed().as_secs_f64();
         let end = self.now();
         match result {

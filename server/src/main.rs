@@ -26,6 +26,11 @@ enum Command {
     EngineBench(engine_bench::EngineBenchArgs),
     /// Simulate the scheduling policies on a cost-model preset (discrete-event, virtual clock).
     Sim(pace_bench::sim_cmd::SimArgs),
+    /// Benchmark OpenAI-compatible servers: one load, offered-load sweeps, A/B reports.
+    Bench {
+        #[command(subcommand)]
+        cmd: pace_bench::BenchCommand,
+    },
 }
 
 fn main() {
@@ -47,6 +52,7 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::EngineBench(a) => engine_bench::run(a),
         Command::Sim(a) => pace_bench::sim_cmd::run(a),
+        Command::Bench { cmd } => pace_bench::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

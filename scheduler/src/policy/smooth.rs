@@ -171,6 +171,18 @@ impl Policy for Smooth {
         };
         let own = own_time(true);
         let mut wait = ahead as f64 / rate + own;
+        // A full batch: the request starts when enough running streams finish, one token a step.
+        let over = (ctx.running.len() + ctx.waiting.len() + 1).saturating_sub(ctx.max_num_seqs);
+        if over > 0 && !ctx.running.is_empty() {
+            self.remaining.clear();
+            self.remaining.extend(ctx.running.iter().map(|v| v.remaining_output().max(1)));
+            let rounds = (over - 1) / self.remaining.len();
+            let k = (over - 1) % self.remaining.len();
+            let longest = *self.remaining.iter().max().unwrap_or(&1);
+            let kth = *self.remaining.select_nth_unstable(k).1;
+            let steps = rounds * longest + kth;
+            wait = wait.max(steps as f64 * t_full + own);
+        }
         let deadline = req.next_deadline();
         let idle = (ctx.now + wait - deadline).max(0.0);
         // What it would lose alone on the machine is no reason to refuse it: no policy can do

@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// Most top logprobs per token.
     #[arg(long, default_value_t = 20)]
     pub max_logprobs: usize,
+    /// Test hook: any engine step that feeds this token id panics inside the model step, to
+    /// exercise failure handling end to end.
+    #[arg(long, hide = true)]
+    pub debug_fail_on_token: Option<u32>,
 }
 
 fn parse_slo(s: &str) -> Result<BinarySlo, String> {
@@ -215,7 +219,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
         c.max_queue_requests = queue.0.max(1);
         c.max_queue_tokens = queue.1.max(1);
     })?;
-    let core = core.with_origin(origin);
+    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token);
     let engine = engine_thread::spawn(core, origin)?;
     let ok = state
         .loaded
