@@ -175,6 +175,9 @@ pub struct Exchange {
     last_read: f64,
 }
 
+/// The error of a request cut by the run's hard time limit.
+pub const CUT_BY_TIME_LIMIT: &str = "cut by the run's time limit";
+
 /// Largest error body read from a refused request.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
@@ -270,7 +273,7 @@ impl Exchange {
     /// The finished request. `cut_at`: the run's time limit stopped it at that time.
     pub fn finish(self, index: usize, scheduled: f64, prompt: &Prompt, class: SloClass, cut_at: Option<f64>) -> RequestResult {
         let (outcome, error, end) = if let Some(t) = cut_at {
-            (Outcome::Aborted, Some("cut by the run's time limit".to_string()), t)
+            (Outcome::Aborted, Some(CUT_BY_TIME_LIMIT.to_string()), t)
         } else if let Some(v) = self.verdict {
             (v, self.error, self.last_read)
         } else if !self.done {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::client::{request_body, Clock, Exchange, RequestOptions, RequestResult, Target};
+use crate::client::{request_body, Clock, Exchange, RequestOptions, RequestResult, Target, CUT_BY_TIME_LIMIT};
 use crate::dataset::Prompt;
 
 /// The requests of a run and when to send them. Built once, so A/B targets get the same one.
@@ -112,7 +112,6 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
     }
     pb.finish_and_clear();
     results.sort_by_key(|r| r.index);
-    let time_limit_hit = results.iter().any(|r| r.error.as_deref() == Some("cut by the run's time limit"))
-        || clock.now() >= opts.time_limit;
+    let time_limit_hit = results.iter().any(|r| r.error.as_deref() == Some(CUT_BY_TIME_LIMIT)) || clock.now() >= opts.time_limit;
     LoadRun { not_sent: workload.prompts.len() - results.len(), results, time_limit_hit, wall_s: clock.now() }
 }

@@ -68,19 +68,9 @@ impl EngineCore {
         self.origin.elapsed().as_secs_f64()
     }
 
-    /// Converts an instant to engine time.
-    pub fn time_of(&self, t: Instant) -> f64 {
-        t.saturating_duration_since(self.origin).as_secs_f64()
-    }
-
     /// The scheduler (read-only: stats, config).
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
-    }
-
-    /// The runner (read-only).
-    pub fn runner(&self) -> &ModelRunner {
-        &self.runner
     }
 
     /// Steps that failed in a row (0 after any success).

@@ -21,8 +21,8 @@ use crate::serve::metrics;
 /// What a request's channel carries.
 #[derive(Debug, Clone)]
 pub enum EngineEvent {
-    /// A token was sampled at engine time `time`.
-    Token { sampled: SampledToken, time: f64 },
+    /// A token was sampled.
+    Token { sampled: SampledToken },
     /// The request ended.
     Finished { reason: FinishReason, time: f64 },
 }
@@ -203,9 +203,9 @@ impl EngineLoop {
 
     fn dispatch(&mut self, ev: Event) {
         match ev {
-            Event::Token { id, sampled, time } => {
+            Event::Token { id, sampled, .. } => {
                 if let Some(tx) = self.channels.get(&id) {
-                    if tx.send(EngineEvent::Token { sampled, time }).is_err() {
+                    if tx.send(EngineEvent::Token { sampled }).is_err() {
                         // The handler is gone without telling us (it always aborts on drop, so
                         // this is a race with that abort): end the request now.
                         if let Some(ev) = self.core.abort(id) {

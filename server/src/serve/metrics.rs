@@ -224,10 +224,4 @@ impl Window {
         };
         gauge!("pace_inflight_max_idle_latency_seconds").set(worst);
     }
-
-    /// The window's statistics now (for tests and logs).
-    pub fn stats(&self, now: f64) -> WindowStats {
-        let records: Vec<RequestRecord> = self.finished.lock().map(|f| f.iter().cloned().collect()).unwrap_or_default();
-        WindowStats::compute(&records, now - self.window_s, now, &self.params)
-    }
 }

@@ -9,7 +9,6 @@ use pace_models::sampler::{Sampler, SamplingParams};
 use pace_models::tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
 use pace_scheduler::slo::{Outcome, RequestRecord, SloClass};
 use pace_scheduler::{FinishReason, NewRequest, RequestId, SampledToken};
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{StreamExt, StreamMap};
 
@@ -216,7 +215,7 @@ impl Generation {
         let (stops, include_stop) = (&self.stops, self.include_stop_str);
         let c = &mut self.choices[ci];
         match ev {
-            EngineEvent::Token { sampled, .. } => {
+            EngineEvent::Token { sampled } => {
                 if c.stop_hit || c.done {
                     return None; // produced after a stop string was matched: not part of the output
                 }
@@ -315,6 +314,3 @@ fn log_finished(id: RequestId, r: &RequestRecord, prompt_tokens: usize, reason: 
         r.idle_latency()
     );
 }
-
-/// Receiver type re-exported for handlers that only need one choice.
-pub type EventRx = UnboundedReceiver<EngineEvent>;

@@ -52,11 +52,13 @@ pub struct StreamOptions {
     /// Send one usage chunk last, before `[DONE]`.
     pub include_usage: Option<bool>,
     /// Accepted for compatibility (vLLM): usage on every chunk is not sent.
+    #[allow(dead_code)]
     pub continuous_usage_stats: Option<bool>,
 }
 
 /// Sampling and limit fields shared by both endpoints (OpenAI's, then the extensions).
 #[derive(Debug, Clone, Default)]
+#[allow(dead_code)] // `user` is accepted (OpenAI's end-user id) and not used.
 pub struct CommonParams {
     pub model: Option<String>,
     pub max_tokens: Option<i64>,
@@ -164,6 +166,8 @@ pub enum Content {
 pub struct MessageIn {
     pub role: String,
     pub content: Option<Content>,
+    /// Accepted; templates here do not use participant names.
+    #[allow(dead_code)]
     pub name: Option<String>,
 }
 
@@ -186,6 +190,8 @@ with_common_params! {
         pub response_format: Option<ResponseFormat>,
         pub tools: Option<Vec<serde_json::Value>>,
         pub tool_choice: Option<serde_json::Value>,
+        /// Accepted and ignored (no tools are called).
+        #[allow(dead_code)]
         pub parallel_tool_calls: Option<bool>,
         /// Render the template with a generation prompt (default true).
         pub add_generation_prompt: Option<bool>,

@@ -1,0 +1,371 @@
+//! The HTTP API through real HTTP against a real `pace serve` on the default model: bad inputs
+//! (docs/reliability.md), streaming semantics, batch invariance, the OpenAI Python client.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::{post, post_raw, stream, stream_text, Server};
+use serde_json::{json, Value};
+
+/// One server for this file's tests (they only read state that concurrency cannot change).
+fn server() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| {
+        // Spawned from a thread that lives as long as the process: the child's parent-death
+        // signal is tied to the spawning thread.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let s = Server::start(&["--scheduler", "fcfs", "--max-n", "4", "--max-body-bytes", "65536", "--max-model-len", "512"]);
+            tx.send(s).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap()
+    })
+}
+
+fn completions() -> String {
+    server().url("/v1/completions")
+}
+
+fn chat() -> String {
+    server().url("/v1/chat/completions")
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// Asserts an OpenAI error body with `status`, and optionally its `param` and `code`.
+fn assert_error(status: u16, body: &Value, want: u16, param: Option<&str>, code: Option<&str>, what: &str) {
+    assert_eq!(status, want, "{what}: status (body {body})");
+    let e = &body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: no message in {body}");
+    assert!(e["type"].is_string(), "{what}: no type in {body}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{what}: param/code keys missing in {body}");
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{what}: param in {body}");
+    }
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{what}: code in {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_serving() {
+    let s = server();
+    // Raw bodies.
+    for (body, what) in [("{", "malformed"), ("\"text\"", "string"), ("[1,2]", "list"), ("42", "number"), ("null", "null"), ("", "empty")] {
+        let (st, ct, v) = post_raw(&completions(), "application/json", body.as_bytes().to_vec()).await;
+        assert!(ct.starts_with("application/json"), "{what}: content type {ct}");
+        assert_error(st, &v, 400, None, None, what);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    let (st, _, v) = post_raw(&completions(), "text/plain", b"{\"prompt\":\"hi\"}".to_vec()).await;
+    assert_error(st, &v, 415, None, None, "wrong content type");
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(70_000));
+    let (st, _, v) = post_raw(&completions(), "application/json", big.into_bytes()).await;
+    assert_error(st, &v, 413, None, None, "body over the limit");
+
+    // Field-level errors, each also with stream: true (same status, JSON body, no SSE).
+    let long_prompt = "hello ".repeat(600);
+    let cases: Vec<(String, Value, u16, Option<&str>, Option<&str>)> = vec![
+        (completions(), json!({"max_tokens": 4}), 400, Some("prompt"), None),
+        (chat(), json!({"max_tokens": 4}), 400, Some("messages"), None),
+        (completions(), json!({"prompt": 5}), 400, Some("prompt"), None),
+        (chat(), json!({"messages": "hi"}), 400, Some("messages"), None),
+        (completions(), json!({"prompt": "hi", "temperature": "hot"}), 400, Some("temperature"), None),
+        (completions(), json!({"prompt": "hi", "frobnicate": true}), 400, Some("frobnicate"), None),
+        (completions(), json!({"prompt": long_prompt}), 400, Some("prompt"), Some("context_length_exceeded")),
+        (chat(), json!({"messages": user(&long_prompt)}), 400, Some("messages"), Some("context_length_exceeded")),
+        (completions(), json!({"prompt": "hi", "max_tokens": 600}), 400, Some("max_tokens"), None),
+        (completions(), json!({"prompt": "hi", "max_tokens": 0}), 400, Some("max_tokens"), None),
+        (completions(), json!({"prompt": "hi", "max_tokens": -3}), 400, Some("max_tokens"), None),
+        (completions(), json!({"prompt": "hi", "temperature": -0.1}), 400, Some("temperature"), None),
+        (completions(), json!({"prompt": "hi", "temperature": 2.5}), 400, Some("temperature"), None),
+        (completions(), json!({"prompt": "hi", "top_p": 0}), 400, Some("top_p"), None),
+        (completions(), json!({"prompt": "hi", "top_p": 1.5}), 400, Some("top_p"), None),
+        (completions(), json!({"prompt": "hi", "n": 0}), 400, Some("n"), None),
+        (completions(), json!({"prompt": "hi", "n": 5}), 400, Some("n"), None),
+        (completions(), json!({"prompt": "hi", "stop": [""]}), 400, Some("stop"), None),
+        (completions(), json!({"prompt": "hi", "logprobs": 21}), 400, Some("logprobs"), None),
+        (chat(), json!({"messages": user("hi"), "logprobs": true, "top_logprobs": 50}), 400, Some("logprobs"), None),
+        (completions(), json!({"prompt": "hi", "stream_options": {"include_usage": true}}), 400, Some("stream_options"), None),
+        (completions(), json!({"prompt": "hi", "model": "gpt-4"}), 404, Some("model"), Some("model_not_found")),
+        (chat(), json!({"messages": user("hi"), "model": "nope"}), 404, Some("model"), Some("model_not_found")),
+        (completions(), json!({"prompt": [1, 2, 49152]}), 400, Some("prompt"), None),
+        (completions(), json!({"prompt": [1, -2]}), 400, Some("prompt"), None),
+        (chat(), json!({"messages": []}), 400, Some("messages"), None),
+        (chat(), json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, Some("messages[0].role"), None),
+    ];
+    for (url, body, want, param, code) in &cases {
+        for streaming in [false, true] {
+            let mut b = body.clone();
+            if streaming && *param != Some("stream_options") {
+                b["stream"] = json!(true);
+            }
+            let r = reqwest::Client::new().post(url).json(&b).send().await.unwrap();
+            let st = r.status().as_u16();
+            let ct = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null);
+            assert!(ct.starts_with("application/json"), "{b}: answered {ct}, not a JSON error");
+            assert_error(st, &v, *want, *param, *code, &b.to_string());
+        }
+    }
+    let (st, _, v) = post(&completions(), &json!({"prompt": long_prompt})).await;
+    assert!(v["error"]["message"].as_str().unwrap().starts_with("This model's maximum context length is 512 tokens"), "{st} {v}");
+    // top_p = 1.0 and temperature = 2 are valid.
+    let (st, _, v) = post(&completions(), &json!({"prompt": "hi", "top_p": 1.0, "temperature": 2.0, "max_tokens": 2})).await;
+    assert_eq!(st, 200, "{v}");
+    // Unknown routes and methods.
+    let r = reqwest::get(s.url("/v1/nothing")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = reqwest::Client::new().delete(s.url("/v1/completions")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    // And the server still serves.
+    let (st, _, v) = post(&completions(), &json!({"prompt": "The sky is", "max_tokens": 4, "temperature": 0})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_frames_finish_once_and_usage_comes_last() {
+    for (url, mut body) in [
+        (completions(), json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0})),
+        (chat(), json!({"messages": user("Tell me a story."), "max_tokens": 12, "temperature": 0})),
+    ] {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let (st, frames) = stream(&url, &body).await;
+        assert_eq!(st, 200);
+        assert_eq!(frames.last().unwrap().data, "[DONE]", "ends with [DONE]");
+        let parsed: Vec<Value> = frames[..frames.len() - 1].iter().map(|f| serde_json::from_str(&f.data).unwrap()).collect();
+        let usage: Vec<&Value> = parsed.iter().filter(|v| v.get("usage").is_some_and(|u| !u.is_null())).collect();
+        assert_eq!(usage.len(), 1, "exactly one usage chunk");
+        assert_eq!(usage[0]["choices"], json!([]), "usage chunk has no choices");
+        assert!(std::ptr::eq(usage[0], parsed.last().unwrap()), "usage chunk is last before [DONE]");
+        let finishes: Vec<&Value> = parsed.iter().flat_map(|v| v["choices"].as_array().unwrap()).filter(|c| !c["finish_reason"].is_null()).collect();
+        assert_eq!(finishes.len(), 1, "finish_reason appears once");
+        assert_eq!(finishes[0]["finish_reason"], "length");
+        let last_content = parsed.iter().rev().find(|v| !v["choices"].as_array().unwrap().is_empty()).unwrap();
+        assert!(!last_content["choices"][0]["finish_reason"].is_null(), "finish_reason is on the last content chunk");
+        assert_eq!(usage[0]["usage"]["completion_tokens"], 12);
+        assert!(usage[0]["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+        for v in &parsed {
+            assert!(v["id"].is_string() && v["created"].is_u64() && v["model"] == "SmolLM2-135M-Instruct", "{v}");
+        }
+        // Without include_usage there is no usage chunk.
+        body["stream_options"] = json!({"include_usage": false});
+        let (_, frames) = stream(&url, &body).await;
+        assert!(frames.iter().all(|f| !f.data.contains("\"usage\"")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_equals_non_streamed_text_at_temperature_zero() {
+    for (url, body) in [
+        (completions(), json!({"prompt": "The three primary colors are", "max_tokens": 24, "temperature": 0})),
+        (chat(), json!({"messages": user("List three fruits with emoji 🍎."), "max_tokens": 24, "temperature": 0})),
+    ] {
+        let (st, _, whole) = post(&url, &body).await;
+        assert_eq!(st, 200, "{whole}");
+        let c = &whole["choices"][0];
+        let text = c["text"].as_str().or(c["message"]["content"].as_str()).unwrap().to_string();
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let (_, frames) = stream(&url, &sb).await;
+        assert_eq!(stream_text(&frames, 0), text, "{body}");
+        // A stop string taken from the middle of that text: both forms stop right before it.
+        let chars: Vec<char> = text.chars().collect();
+        let cut = chars.len() / 2;
+        let stop: String = chars[cut..(cut + 3).min(chars.len())].iter().collect();
+        let before: String = text[..text.find(&stop).unwrap()].to_string();
+        let mut with_stop = body.clone();
+        with_stop["stop"] = json!(["never-appears-xyz", stop]);
+        let (_, _, v) = post(&url, &with_stop).await;
+        let c = &v["choices"][0];
+        assert_eq!(c["text"].as_str().or(c["message"]["content"].as_str()).unwrap(), before, "stop {stop:?}");
+        assert_eq!(c["finish_reason"], "stop");
+        with_stop["stream"] = json!(true);
+        let (_, frames) = stream(&url, &with_stop).await;
+        assert_eq!(stream_text(&frames, 0), before, "streamed, stop {stop:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_mixed_requests_give_the_text_they_give_alone() {
+    let prompts = [
+        "Write a limerick about a cat.", "What is 17 times 23?", "Name a famous painter.", "Describe the ocean in one sentence.",
+        "Translate 'thank you' to French.", "Give me a synonym for happy.", "What color is the sky on Mars?", "Tell me a fun fact about owls.",
+    ];
+    let bodies: Vec<(String, Value)> = (0..16)
+        .map(|i| {
+            let p = prompts[i % prompts.len()];
+            let max = 6 + (i * 5) % 23;
+            if i % 2 == 0 {
+                (chat(), json!({"messages": user(p), "max_tokens": max, "temperature": 0}))
+            } else {
+                (completions(), json!({"prompt": format!("Q: {p}\nA:"), "max_tokens": max, "temperature": 0}))
+            }
+        })
+        .collect();
+    let text = |v: &Value| {
+        let c = &v["choices"][0];
+        c["text"].as_str().or(c["message"]["content"].as_str()).unwrap().to_string()
+    };
+    let mut alone = Vec::new();
+    for (url, b) in &bodies {
+        let (st, _, v) = post(url, b).await;
+        assert_eq!(st, 200, "{v}");
+        alone.push(text(&v));
+    }
+    let together = futures_util::future::join_all(bodies.iter().map(|(url, b)| post(url, b))).await;
+    for (i, (st, _, v)) in together.iter().enumerate() {
+        assert_eq!(*st, 200, "{v}");
+        assert_eq!(text(v), alone[i], "request {i} changed inside the batch");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_logprobs_stop_and_seed() {
+    // n choices with a seed: distinct indexes, reproducible.
+    let body = json!({"prompt": "My favourite animal is", "max_tokens": 8, "n": 3, "temperature": 1.0, "seed": 7});
+    let (st, _, a) = post(&completions(), &body).await;
+    assert_eq!(st, 200, "{a}");
+    let (_, _, b) = post(&completions(), &body).await;
+    let idx: Vec<u64> = a["choices"].as_array().unwrap().iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    assert_eq!(idx.len(), 3);
+    assert_eq!(a["choices"], b["choices"], "seeded sampling is reproducible");
+    assert_eq!(a["usage"]["completion_tokens"], 24);
+    // Streaming n = 2: both indexes end once.
+    let (_, frames) = stream(&completions(), &json!({"prompt": "Hi", "max_tokens": 5, "n": 2, "stream": true, "temperature": 0})).await;
+    for i in 0..2 {
+        let ends = frames.iter().filter(|f| f.data != "[DONE]").filter_map(|f| {
+            let v: Value = serde_json::from_str(&f.data).unwrap();
+            v["choices"].as_array().unwrap().iter().find(|c| c["index"] == i && !c["finish_reason"].is_null()).cloned()
+        }).count();
+        assert_eq!(ends, 1, "choice {i}");
+        assert!(!stream_text(&frames, i).is_empty());
+    }
+    // Completions logprobs: top-3 per token, chosen token's logprob included, <= 0.
+    let (st, _, v) = post(&completions(), &json!({"prompt": "2 + 2 =", "max_tokens": 3, "logprobs": 3, "temperature": 0})).await;
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 3);
+    for (t, l) in lp["token_logprobs"].as_array().unwrap().iter().zip(lp["top_logprobs"].as_array().unwrap()) {
+        let t = t.as_f64().unwrap();
+        assert!(t <= 0.0);
+        let top = l.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3);
+        let best = top.values().map(|x| x.as_f64().unwrap()).fold(f64::MIN, f64::max);
+        assert!((best - t).abs() < 1e-4, "greedy token is the most likely: {best} vs {t}");
+    }
+    // Chat logprobs shape.
+    let (st, _, v) = post(&chat(), &json!({"messages": user("Hi"), "max_tokens": 2, "logprobs": true, "top_logprobs": 2, "temperature": 0})).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 2);
+    for e in content {
+        assert!(e["token"].is_string() && e["logprob"].as_f64().unwrap() <= 0.0 && e["bytes"].is_array());
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+    }
+    // Token-id prompts and prompt lists.
+    let (st, _, v) = post(&completions(), &json!({"prompt": [[504, 3458, 314], [19556]], "max_tokens": 2, "temperature": 0})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    // echo
+    let (_, _, v) = post(&completions(), &json!({"prompt": "Echo this", "max_tokens": 2, "echo": true})).await;
+    assert!(v["choices"][0]["text"].as_str().unwrap().starts_with("Echo this"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize_models_version_health() {
+    let s = server();
+    let (st, _, v) = post(&s.url("/tokenize"), &json!({"prompt": "Hello world"})).await;
+    assert_eq!(st, 200);
+    let toks = v["tokens"].as_array().unwrap().clone();
+    assert_eq!(v["count"], toks.len());
+    assert_eq!(v["max_model_len"], 512);
+    let (_, _, d) = post(&s.url("/detokenize"), &json!({"tokens": toks})).await;
+    assert_eq!(d["prompt"], "Hello world");
+    let (_, _, c) = post(&s.url("/tokenize"), &json!({"messages": user("Hi")})).await;
+    assert!(c["count"].as_u64().unwrap() > 5, "the chat template adds tokens: {c}");
+    let (st, _, e) = post(&s.url("/detokenize"), &json!({"tokens": [999999]})).await;
+    assert_error(st, &e, 400, Some("tokens"), None, "detokenize out of vocabulary");
+    let (st, _, e) = post(&s.url("/tokenize"), &json!({})).await;
+    assert_eq!(st, 400, "{e}");
+    let m: Value = reqwest::get(s.url("/v1/models")).await.unwrap().json().await.unwrap();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "SmolLM2-135M-Instruct");
+    let ver: Value = reqwest::get(s.url("/version")).await.unwrap().json().await.unwrap();
+    assert!(ver["version"].is_string());
+    assert_eq!(ver["scheduler"], "fcfs");
+    let h = reqwest::get(s.url("/health")).await.unwrap();
+    assert_eq!(h.status().as_u16(), 200);
+}
+
+/// A Python interpreter with the `openai` package: `PACE_PYTHON` if set, else `python3` if it
+/// has it, else a venv under target/ that this installs it into (pip, from the package index).
+fn python_with_openai() -> String {
+    if let Ok(p) = std::env::var("PACE_PYTHON") {
+        return p;
+    }
+    let has = |py: &str| std::process::Command::new(py).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    if has("python3") {
+        return "python3".into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv");
+    let py = venv.join("bin/python").to_string_lossy().into_owned();
+    if !has(&py) {
+        let ok = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success())
+            && std::process::Command::new(&py)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "openai>=1.40,<3"])
+                .status()
+                .is_ok_and(|s| s.success());
+        assert!(ok, "could not install the openai package into {}", venv.display());
+    }
+    py
+}
+
+/// The OpenAI Python client (a real third-party client), streaming and non-streaming, chat and
+/// completions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_client_works() {
+    let python = python_with_openai();
+    let script = format!(
+        r#"
+import openai
+c = openai.OpenAI(base_url="{base}/v1", api_key="none")
+r = c.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=5, temperature=0)
+assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5, r
+s = "".join(ch.choices[0].text for ch in c.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=5, temperature=0, stream=True) if ch.choices)
+assert s == r.choices[0].text, (s, r.choices[0].text)
+m = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{{"role": "user", "content": "Say hello"}}], max_tokens=6, temperature=0)
+assert m.choices[0].message.role == "assistant" and m.usage.completion_tokens == 6, m
+parts = []
+usage = None
+for ch in c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{{"role": "user", "content": "Say hello"}}], max_tokens=6, temperature=0, stream=True, stream_options={{"include_usage": True}}):
+    if ch.usage: usage = ch.usage
+    for x in ch.choices:
+        parts.append(x.delta.content or "")
+assert "".join(parts) == m.choices[0].message.content, parts
+assert usage.completion_tokens == 6
+try:
+    c.chat.completions.create(model="nope", messages=[{{"role": "user", "content": "x"}}])
+    raise SystemExit("expected NotFoundError")
+except openai.NotFoundError as e:
+    assert e.body["code"] == "model_not_found", e.body
+print("ok")
+"#,
+        base = server().base
+    );
+    let out = std::process::Command::new(&python).args(["-c", &script]).output().expect("running python");
+    assert!(
+        out.status.success(),
+        "the OpenAI Python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,274 @@
+//! Load, overload and faults against real servers (docs/reliability.md): API keys, client
+//! disconnects, mass timeouts, queue overload, KV exhaustion, a failing step, SIGTERM drain, and
+//! metrics that match what the client measured.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{post, stream, Server};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// Polls `cond` on the server's metrics until it holds (or panics after `secs`).
+async fn eventually(s: &Server, secs: u64, what: &str, cond: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+        if cond(&text) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} did not happen; metrics:\n{}", text.lines().filter(|l| l.starts_with("pace_num") || l.starts_with("pace_kv") || l.starts_with("pace_requests")).collect::<Vec<_>>().join("\n"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn idle(text: &str) -> bool {
+    common::metric_value(text, "pace_num_requests_running", &[]) == 0.0
+        && common::metric_value(text, "pace_num_requests_waiting", &[]) == 0.0
+        && common::metric_value(text, "pace_kv_cache_usage_ratio", &[]) == 0.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_guard_inference_routes_only() {
+    let s = Server::start(&["--scheduler", "fcfs", "--api-key", "k-one", "--api-key", "k-two"]);
+    let body = json!({"prompt": "Hi", "max_tokens": 2});
+    let c = reqwest::Client::new();
+    for (key, want) in [(None, 401), (Some("wrong"), 401), (Some("k-on"), 401), (Some("k-one"), 200), (Some("k-two"), 200)] {
+        let mut r = c.post(s.url("/v1/completions")).json(&body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), want, "key {key:?}");
+        if want == 401 {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["type"], "authentication_error");
+        }
+    }
+    for path in ["/v1/models", "/tokenize"] {
+        let r = c.post(s.url(path)).json(&json!({"prompt": "x"})).send().await.unwrap();
+        assert!(matches!(r.status().as_u16(), 401 | 405), "{path} without a key");
+    }
+    // Streaming requests get the 401 too, as JSON.
+    let r = c.post(s.url("/v1/chat/completions")).json(&json!({"messages": user("x"), "stream": true})).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    for path in ["/health", "/metrics", "/version"] {
+        assert_eq!(c.get(s.url(path)).send().await.unwrap().status().as_u16(), 200, "{path} stays open");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
+    let s = Server::start(&["--scheduler", "fcfs"]);
+    let aborts = |t: &str| common::metric_value(t, "pace_requests_total", &["finished_reason=\"abort\""]);
+    // Streaming: read a few chunks, then hang up.
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "Tell me everything.", "max_tokens": 1500, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    for _ in 0..3 {
+        body.next().await.unwrap().unwrap();
+    }
+    drop(body);
+    eventually(&s, 30, "abort after a streaming disconnect", |t| aborts(t) >= 1.0 && idle(t)).await;
+    // Non-streaming: the client gives up after 0.5 s.
+    let c = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    let r = c.post(s.url("/v1/completions")).json(&json!({"prompt": "Again.", "max_tokens": 1500, "ignore_eos": true})).send().await;
+    assert!(r.is_err(), "the request should time out on the client");
+    eventually(&s, 30, "abort after a non-streaming disconnect", |t| aborts(t) >= 2.0 && idle(t)).await;
+    // 200 clients with huge max_tokens, all timing out after 0.5 s.
+    let futs = (0..200).map(|i| {
+        let c = c.clone();
+        let url = s.url(if i % 2 == 0 { "/v1/completions" } else { "/v1/chat/completions" });
+        let body = if i % 2 == 0 {
+            json!({"prompt": format!("Story {i}:"), "max_tokens": 1800, "ignore_eos": true})
+        } else {
+            json!({"messages": user(&format!("Story {i}")), "max_tokens": 1800, "ignore_eos": true, "stream": true})
+        };
+        async move {
+            match c.post(url).json(&body).send().await {
+                Ok(r) => {
+                    let _ = r.bytes().await;
+                }
+                Err(_) => {}
+            }
+        }
+    });
+    futures_util::future::join_all(futs).await;
+    eventually(&s, 60, "every timed-out request aborted and its blocks freed", |t| aborts(t) >= 2.0 && idle(t)).await;
+    let t0 = Instant::now();
+    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Quick:", "max_tokens": 4})).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "a new request completes promptly ({:?})", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_answers_429_with_retry_after_counts_it_and_recovers() {
+    let s = Server::start(&["--scheduler", "fcfs", "--max-num-seqs", "1", "--max-queue-requests", "2"]);
+    let body = json!({"prompt": "Write a long essay.", "max_tokens": 40, "ignore_eos": true});
+    let results = futures_util::future::join_all((0..10).map(|_| post_delayed(&s, &body))).await;
+    let ok = results.iter().filter(|r| r.0 == 200).count();
+    let rejected: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(ok >= 1, "some requests are served");
+    assert!(!rejected.is_empty(), "some are refused: {:?}", results.iter().map(|r| r.0).collect::<Vec<_>>());
+    assert_eq!(ok + rejected.len(), 10, "every request is either served or refused");
+    for (_, retry, v) in &rejected {
+        assert!(retry.as_deref().and_then(|r| r.parse::<u64>().ok()).is_some_and(|r| r >= 1), "Retry-After: {retry:?}");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+    }
+    let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    let counted = common::metric_value(&text, "pace_requests_rejected_total", &["reason=\"queue_full\""]);
+    assert_eq!(counted as usize, rejected.len(), "rejections counted by reason");
+    eventually(&s, 60, "the queue drains", idle).await;
+    let (st, _, _) = post(&s.url("/v1/completions"), &body).await;
+    assert_eq!(st, 200, "serves again after the overload");
+}
+
+/// POST that returns (status, Retry-After, body).
+async fn post_delayed(s: &Server, body: &Value) -> (u16, Option<String>, Value) {
+    let (st, headers, v) = post(&s.url("/v1/completions"), body).await;
+    (st, headers.get("retry-after").and_then(|h| h.to_str().ok()).map(str::to_string), v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_exhaustion_preempts_without_changing_greedy_output() {
+    // 24 blocks of 16 tokens = 368 usable tokens; 6 sequences of ~100 tokens each cannot all fit.
+    let s = Server::start(&["--scheduler", "fcfs", "--kv-cache-blocks", "24", "--max-num-seqs", "6", "--max-model-len", "400"]);
+    let prompts: Vec<String> = (0..6).map(|i| format!("Write a short story about robot number {i}.")).collect();
+    let body = |p: &str| json!({"messages": user(p), "max_tokens": 60, "ignore_eos": true, "temperature": 0});
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let (st, _, v) = post(&s.url("/v1/chat/completions"), &body(p)).await;
+        assert_eq!(st, 200, "{v}");
+        alone.push(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+    }
+    let before = s.metric("pace_preemptions_total", &[]).await;
+    let url = s.url("/v1/chat/completions");
+    let bodies: Vec<Value> = prompts.iter().map(|p| body(p)).collect();
+    let together = futures_util::future::join_all(bodies.iter().map(|b| post(&url, b))).await;
+    for (i, (st, _, v)) in together.iter().enumerate() {
+        assert_eq!(*st, 200, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), alone[i], "request {i} changed by preemption");
+    }
+    let after = s.metric("pace_preemptions_total", &[]).await;
+    assert!(after > before, "the cache was exhausted and requests were preempted ({before} -> {after})");
+    // A prompt that fits max_model_len but can never fit the cache is refused, not stuck.
+    let huge = " word".repeat(380);
+    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": huge, "max_tokens": 10})).await;
+    assert_eq!(st, 400, "a request larger than the whole cache is refused: {v}");
+    let (st, _, _) = post(&s.url("/v1/completions"), &json!({"prompt": "ok", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_step_fails_only_its_requests_and_health_reflects_repeated_failures() {
+    // Token 47000 makes any step that feeds it panic inside the model step.
+    let s = Server::start(&["--scheduler", "fcfs", "--debug-fail-on-token", "47000"]);
+    let bad = json!({"prompt": [504, 47000, 314], "max_tokens": 4});
+    let good = json!({"prompt": "Fine:", "max_tokens": 4});
+    let (st, _, v) = post(&s.url("/v1/completions"), &bad).await;
+    assert_eq!(st, 500, "{v}");
+    assert_eq!(v["error"]["type"], "server_error");
+    let (st, _, _) = post(&s.url("/v1/completions"), &good).await;
+    assert_eq!(st, 200, "the next request is served");
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 200, "one failure is not unhealthy");
+    // Streaming: the error arrives as an error event, then [DONE].
+    let (st, frames) = stream(&s.url("/v1/completions"), &json!({"prompt": [47000], "max_tokens": 4, "stream": true})).await;
+    assert_eq!(st, 200);
+    assert!(frames.iter().any(|f| f.data.contains("\"error\"")), "{frames:?}");
+    assert_eq!(frames.last().unwrap().data, "[DONE]");
+    // Failures in a row turn /health to 503; a good step brings it back.
+    for _ in 0..3 {
+        post(&s.url("/v1/completions"), &bad).await;
+    }
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 503);
+    let (st, _, _) = post(&s.url("/v1/completions"), &good).await;
+    assert_eq!(st, 200);
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 200);
+    let errors = s.metric("pace_requests_total", &["finished_reason=\"error\""]).await;
+    assert_eq!(errors, 5.0, "each failed request counted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_accepting_drains_in_flight_and_exits_zero() {
+    let s = Server::start(&["--scheduler", "fcfs", "--drain-timeout", "60"]);
+    let url = s.url("/v1/chat/completions");
+    let inflight = tokio::spawn(async move { stream(&url, &json!({"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 40, "ignore_eos": true, "stream": true})).await });
+    // Wait until it is running, then SIGTERM.
+    eventually(&s, 30, "the request starts", |t| common::metric_value(t, "pace_num_requests_running", &[]) >= 1.0).await;
+    s.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (st, h, v) = post(&s.url("/v1/completions"), &json!({"prompt": "late", "max_tokens": 2})).await;
+    assert_eq!(st, 503, "new requests are refused while draining: {v}");
+    assert!(h.get("retry-after").is_some());
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 503);
+    let (st, frames) = inflight.await.unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(frames.last().unwrap().data, "[DONE]", "the in-flight stream completed");
+    assert_eq!(common::stream_text(&frames, 0).is_empty(), false);
+    assert_eq!(s.wait_exit(Duration::from_secs(30)), Some(0), "exit code 0");
+}
+
+/// After a known workload, histogram counts equal the requests and tokens sent, and the goodput
+/// gauges equal the `slo` module computed on the client's own timestamps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_the_workload_and_the_clients_measurements() {
+    use pace_scheduler::slo::{BinarySlo, Outcome, Penalty, RequestRecord, SloClass, SloParams, WindowStats};
+    let s = Server::start(&["--scheduler", "fcfs", "--slo", "ttft:5000 tpot:500", "--metrics-window", "600"]);
+    let n_req = 6;
+    let tokens = 10;
+    let t_start = Instant::now();
+    let futs = (0..n_req).map(|i| {
+        let url = s.url("/v1/completions");
+        async move {
+            let sent = t_start.elapsed().as_secs_f64();
+            let (st, frames) = stream(&url, &json!({"prompt": format!("Item {i}:"), "max_tokens": tokens, "ignore_eos": true, "stream": true, "logprobs": 0})).await;
+            assert_eq!(st, 200);
+            // Each frame lists the tokens it carries (logprobs.tokens); they share its time.
+            let mut times = Vec::new();
+            for f in frames.iter().filter(|f| f.data != "[DONE]") {
+                let v: Value = serde_json::from_str(&f.data).unwrap();
+                let n = v["choices"][0]["logprobs"]["tokens"].as_array().map_or(0, |a| a.len());
+                times.extend(std::iter::repeat_n(sent + f.at, n));
+            }
+            (sent, times)
+        }
+    });
+    let results = futures_util::future::join_all(futs).await;
+    let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    let m = |name: &str| common::metric_value(&text, name, &[]);
+    assert_eq!(m("pace_time_to_first_token_seconds_count"), n_req as f64);
+    assert_eq!(m("pace_e2e_request_latency_seconds_count"), n_req as f64);
+    assert_eq!(m("pace_request_generation_tokens_sum"), (n_req * tokens) as f64);
+    assert_eq!(m("pace_generation_tokens_total"), (n_req * tokens) as f64);
+    assert_eq!(m("pace_inter_token_latency_seconds_count"), (n_req * (tokens - 1)) as f64);
+    assert_eq!(common::metric_value(&text, "pace_requests_total", &["finished_reason=\"length\""]), n_req as f64);
+    assert!(text.contains("le=\"5\"") && text.contains("le=\"0.5\""), "SLO thresholds are bucket boundaries");
+    for line in text.lines().filter(|l| l.starts_with("pace_")) {
+        assert!(line.contains("model_name=\"SmolLM2-135M-Instruct\"") && line.contains("scheduler=\"fcfs\""), "labels on {line}");
+    }
+    // The client's view through the same slo module: its attainment equals the server's gauge
+    // (both see every request pass with these loose thresholds) and its smooth goodput per
+    // request is close (server and client stamp the same frames, microseconds apart).
+    let params = SloParams { alpha: 2.5, penalty: Penalty::Linear, binary: "ttft:5000 tpot:500".parse::<BinarySlo>().unwrap(), default_class: SloClass::default() };
+    let records: Vec<RequestRecord> = results
+        .iter()
+        .map(|(sent, times)| RequestRecord { arrival: *sent, token_times: times.clone(), outcome: Outcome::Completed, end: *times.last().unwrap(), class: SloClass::default() })
+        .collect();
+    let client = WindowStats::compute(&records, 0.0, 1e9, &params);
+    assert_eq!(m("pace_slo_attainment_ratio"), client.attainment);
+    let server_benefit = m("pace_smooth_goodput_per_second") * 600.0;
+    let client_benefit = client.smooth_goodput * (1e9 - 0.0);
+    let per_request = (server_benefit - client_benefit).abs() / n_req as f64;
+    assert!(per_request < 0.5, "smooth goodput: server {server_benefit:.3} vs client {client_benefit:.3} benefit units");
+    let server_tokens = m("pace_goodput_tokens_per_second") * 600.0;
+    assert!((server_tokens - (n_req * tokens) as f64).abs() < 1e-6, "token goodput counts every passed token: {server_tokens}");
+}
