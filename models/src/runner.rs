@@ -64,7 +64,10 @@ impl ModelRunner {
             return Ok(StepOutput::default());
         }
         let input = self.prepare(plan, None)?;
-        let logits = self.model.forward(&input, &self.cache)?;
+        // Run the whole forward pass on a kernel-pool thread: the kernels' parallel loops then
+        // start from inside the pool instead of handing each one over from this thread.
+        let (model, cache) = (&self.model, &self.cache);
+        let logits = rayon::scope(|_| model.forward(&input, cache))?;
         let mut rows = logits.to_vec2::<f32>()?;
         let mut sampled = Vec::with_capacity(rows.len());
         for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {

@@ -82,9 +82,14 @@ pub(super) struct Tile<'a> {
     /// signed bytes a block.
     pub qs: *const u8,
     pub row_stride: usize,
-    /// f32 scales (and offsets for Q4) of the tile's rows, `ns` per row, zero past `nb`.
+    /// f32 scales (and offsets for Q4) of the tile's rows, `ns` per row, zero past `nb`
+    /// (converted once per row tile when the weights are unpacked; empty otherwise).
     pub dw: &'a [f32],
     pub mw: &'a [f32],
+    /// The matrix's own f16 scales (and offsets) from the tile's first row, `nb` per row,
+    /// padded at the end so eight can be loaded from any block (read when packed).
+    pub wd: *const half::f16,
+    pub wm: *const half::f16,
     /// Blocks per row.
     pub nb: usize,
     /// Stride of the scale arrays (weights' and activations'), a multiple of 8.
@@ -99,12 +104,41 @@ pub(super) struct Tile<'a> {
     pub ldy: usize,
 }
 
-/// Scale products `dw[r][b] * xd[c][b]` for the eight blocks from `b0` (the scale arrays are
-/// padded to whole vectors).
+/// Lane masks keeping the first `n` of eight 16-bit values.
+static TAIL_MASK: [[u16; 8]; 9] = {
+    let mut m = [[0u16; 8]; 9];
+    let mut n = 0;
+    while n <= 8 {
+        let mut i = 0;
+        while i < n {
+            m[n][i] = 0xFFFF;
+            i += 1;
+        }
+        n += 1;
+    }
+    m
+};
+
+/// The first `n` of eight f16 values at `p` as f32, the rest zero (`p` may point up to seven
+/// values before the end of a padded scale array).
 #[inline(always)]
-unsafe fn scale_products<const R: usize, const C: usize>(t: &Tile<'_>, b0: usize, sc: &mut [[[f32; 8]; C]; R]) {
+unsafe fn load_scales8(p: *const half::f16, n: usize) -> __m256 {
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let v = _mm_and_si128(v, _mm_loadu_si128(TAIL_MASK[n].as_ptr() as *const __m128i));
+    _mm256_cvtph_ps(v)
+}
+
+/// Scale products `dw[r][b] * xd[c][b]` for the (up to) eight blocks from `b0`: from the f32
+/// scratch when `SCRATCH`, else converted here from the matrix's f16 scales.
+#[inline(always)]
+unsafe fn scale_products<const R: usize, const C: usize, const SCRATCH: bool>(
+    t: &Tile<'_>,
+    b0: usize,
+    n: usize,
+    sc: &mut [[[f32; 8]; C]; R],
+) {
     for (r, scr) in sc.iter_mut().enumerate() {
-        let dw = _mm256_loadu_ps(t.dw.as_ptr().add(r * t.ns + b0));
+        let dw = if SCRATCH { _mm256_loadu_ps(t.dw.as_ptr().add(r * t.ns + b0)) } else { load_scales8(t.wd.add(r * t.nb + b0), n) };
         for (c, s) in scr.iter_mut().enumerate() {
             let dx = _mm256_loadu_ps(t.xd.add(c * t.ns + b0));
             _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(dw, dx));
@@ -185,7 +219,7 @@ pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: boo
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(8);
-        scale_products(t, b0, &mut sc);
+        scale_products::<R, C, UNPACKED>(t, b0, n, &mut sc);
         for j in 0..n {
             let b = b0 + j;
             for r in 0..R {
@@ -210,8 +244,9 @@ pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: boo
     // so they take no registers from it.
     let mut off = [[_mm256_setzero_ps(); C]; R];
     for b0 in (0..t.ns).step_by(8) {
+        let n = nb.saturating_sub(b0).min(8);
         for (r, o) in off.iter_mut().enumerate() {
-            let m = _mm256_loadu_ps(t.mw.as_ptr().add(r * t.ns + b0));
+            let m = if UNPACKED { _mm256_loadu_ps(t.mw.as_ptr().add(r * t.ns + b0)) } else { load_scales8(t.wm.add(r * nb + b0), n) };
             for (c, oc) in o.iter_mut().enumerate() {
                 *oc = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs.add(c * t.ns + b0)), *oc);
             }
@@ -230,7 +265,7 @@ pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(8);
-        scale_products(t, b0, &mut sc);
+        scale_products::<R, C, false>(t, b0, n, &mut sc);
         for j in 0..n {
             let b = b0 + j;
             for r in 0..R {

@@ -53,7 +53,7 @@ pub(super) fn from_ggml(
                 out.m.push(f16::from_f32(-8.0 * d.to_f32()));
                 out.qs.extend_from_slice(&blk[2..18]);
             }
-            Ok(out)
+            Ok(out.padded())
         }
         GgmlDType::Q4_1 => {
             let mut out = empty(QFormat::Q4, rows, cols);
@@ -62,7 +62,7 @@ pub(super) fn from_ggml(
                 out.m.push(f16::from_le_bytes([blk[2], blk[3]]));
                 out.qs.extend_from_slice(&blk[4..20]);
             }
-            Ok(out)
+            Ok(out.padded())
         }
         GgmlDType::Q8_0 => {
             let mut out = empty(QFormat::Q8, rows, cols);
@@ -70,14 +70,14 @@ pub(super) fn from_ggml(
                 out.d.push(f16::from_le_bytes([blk[0], blk[1]]));
                 out.qs.extend_from_slice(&blk[2..34]);
             }
-            Ok(out)
+            Ok(out.padded())
         }
         GgmlDType::Q4K => {
             let mut out = empty(QFormat::Q4, rows, cols);
             for blk in data.chunks_exact(144) {
                 q4k_block(blk, &mut out);
             }
-            Ok(out)
+            Ok(out.padded())
         }
         GgmlDType::Q5_0
         | GgmlDType::Q5_1
@@ -183,5 +183,5 @@ pub(super) fn quantize_f32(
             }
         }
     }
-    Ok(out)
+    Ok(out.padded())
 }

@@ -125,7 +125,11 @@ fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: 
                 let unpack = w.format == QFormat::Q4 && t1 - t0 > TOKENS && super::avx2_available();
                 for rt in (r0..r1).step_by(rows) {
                     let nr = rows.min(r1 - rt);
-                    convert_scales(w, rt, nr, dw, mw);
+                    // The portable kernels and the unpacked path read f32 scales from scratch;
+                    // the packed AVX2 path converts them in registers.
+                    if unpack || !super::avx2_available() {
+                        convert_scales(w, rt, nr, dw, mw);
+                    }
                     let weights = if unpack {
                         unpacked.resize(ROWS * nb * QK, 0);
                         unpack_rows(w, rt, nr, &mut unpacked);
@@ -220,6 +224,8 @@ fn run_tile(
             row_stride,
             dw,
             mw,
+            wd: w.d[r * nb..].as_ptr(),
+            wm: if w.format == QFormat::Q4 { w.m[r * nb..].as_ptr() } else { std::ptr::null() },
             nb,
             ns: acts.ns,
             xq: acts.qs[tok * acts.k..].as_ptr(),

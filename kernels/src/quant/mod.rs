@@ -61,11 +61,15 @@ pub struct QuantMatrix {
     /// Q4: `rows * cols / 2` bytes; in each 16-byte block, byte j holds weight j in its low
     /// nibble and weight j+16 in its high nibble. Q8: `rows * cols` signed bytes.
     qs: Vec<u8>,
-    /// Per-block scale, `rows * cols / 32`.
+    /// Per-block scale, `rows * cols / 32`, then [`SCALE_PAD`] zeros so the kernels can load
+    /// eight scales from any block of any row.
     d: Vec<f16>,
-    /// Per-block offset (Q4 only; empty for Q8), `rows * cols / 32`.
+    /// Per-block offset (Q4 only; empty for Q8), laid out like `d`.
     m: Vec<f16>,
 }
+
+/// Zero scales after the last row's, for whole-vector loads.
+pub(crate) const SCALE_PAD: usize = 8;
 
 impl std::fmt::Debug for QuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,6 +109,15 @@ pub enum QuantError {
 }
 
 impl QuantMatrix {
+    /// Appends the scale padding (once, after the rows are filled).
+    pub(crate) fn padded(mut self) -> Self {
+        self.d.extend(std::iter::repeat_n(f16::ZERO, SCALE_PAD));
+        if self.format == QFormat::Q4 {
+            self.m.extend(std::iter::repeat_n(f16::ZERO, SCALE_PAD));
+        }
+        self
+    }
+
     /// Internal layout.
     pub fn format(&self) -> QFormat {
         self.format
@@ -165,11 +178,14 @@ impl QuantMatrix {
             m: Vec::new(),
         };
         for p in parts {
+            let n = p.rows * p.blocks_per_row();
             out.qs.extend_from_slice(&p.qs);
-            out.d.extend_from_slice(&p.d);
-            out.m.extend_from_slice(&p.m);
+            out.d.extend_from_slice(&p.d[..n]);
+            if p.format == QFormat::Q4 {
+                out.m.extend_from_slice(&p.m[..n]);
+            }
         }
-        Ok(out)
+        Ok(out.padded())
     }
 
     /// Dequantizes row `r` into `out` (`cols` values).
