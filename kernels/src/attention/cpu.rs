@@ -143,6 +143,16 @@ pub fn paged_attention<E: KvElem>(
         let first_pos = ctx - qlen;
         let start = meta.cu_seqlens_q[it.seq] as usize;
         let table = meta.block_table(it.seq);
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_has_avx2() {
+            let rows: Vec<(usize, usize)> = (it.q0..it.q1)
+                .flat_map(|tok| (0..group).map(move |hh| (tok * heads + it.kv_head * group + hh, first_pos + (tok - start) + 1)))
+                .collect();
+            // SAFETY: features detected; every key index < visible lies in a block of `table`
+            // (checked by AttentionMeta::validate); each output row belongs to this item alone.
+            unsafe { avx2::attend_item(q, k_cache, v_cache, geo, table, it.kv_head, &rows, scale, optr.0) };
+            return;
+        }
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
             sc.resize(ctx, 0.0);
@@ -161,7 +171,7 @@ pub fn paged_attention<E: KvElem>(
     });
 }
 
-/// Attention of one query row over its `visible` keys.
+/// Attention of one query row over its `visible` keys (the portable path: two passes).
 #[allow(clippy::too_many_arguments)]
 fn attend_one<E: KvElem>(
     q: &[f32],
@@ -170,18 +180,11 @@ fn attend_one<E: KvElem>(
     geo: &CacheGeometry,
     table: &[u32],
     g: usize,
-    visible: usize,
+    _visible: usize,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu_has_avx2() {
-        // SAFETY: features detected; every key index < visible lies in a block of `table`
-        // (checked by AttentionMeta::validate), so all cache reads are in bounds.
-        unsafe { avx2::attend_one(q, k_cache, v_cache, geo, table, g, visible, scale, scores, out) };
-        return;
-    }
     let (d, bs, h) = (geo.head_dim, geo.block_size, geo.kv_heads);
     let row = |j: usize| ((table[j / bs] as usize * h + g) * bs + j % bs) * d;
     let mut max = f32::NEG_INFINITY;
@@ -264,105 +267,158 @@ mod avx2 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
     }
 
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// exp of one value through the vector routine (same rounding as the vector lanes).
+    #[inline(always)]
+    unsafe fn exp1(x: f32) -> f32 {
+        _mm256_cvtss_f32(exp_neg(_mm256_set1_ps(x)))
+    }
+
+    /// Attention of the query rows of one work item (one sequence, one KV head): `rows` holds
+    /// each row's index into `q`/`out` (in units of `head_dim`) and its visible key count.
+    ///
+    /// Keys are visited block by block; each block's K and V rows are converted to f32 once and
+    /// shared by every row of the item (the query heads of the group, the tokens of a chunk).
+    /// Each row keeps its own online-softmax state, updated by the same operations in the same
+    /// order whatever the other rows are, so a row's result does not depend on the batch.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend_one<E: KvElem>(
+    pub(super) unsafe fn attend_item<E: KvElem>(
         q: &[f32],
         k_cache: &[E],
         v_cache: &[E],
         geo: &CacheGeometry,
         table: &[u32],
         g: usize,
-        visible: usize,
+        rows: &[(usize, usize)],
         scale: f32,
-        scores: &mut [f32],
-        out: &mut [f32],
+        out: *mut f32,
     ) {
         let (d, bs, h) = (geo.head_dim, geo.block_size, geo.kv_heads);
         let d8 = d / 8 * 8;
-        let row = |j: usize| ((*table.get_unchecked(j / bs) as usize * h + g) * bs + j % bs) * d;
-        let kp = k_cache.as_ptr();
-        let vp = v_cache.as_ptr();
-        let qp = q.as_ptr();
-        let dot = |j: usize| -> __m256 {
-            let k = kp.add(row(j));
-            let mut acc = _mm256_setzero_ps();
-            let mut i = 0;
-            while i < d8 {
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), E::load8(k.add(i)), acc);
-                i += 8;
+        let nr = rows.len();
+        let max_vis = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        SCRATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            // kf, vf: bs x d; acc: nr x d; m, l: nr; scores: bs (+8 slack).
+            let need = 2 * bs * d + nr * d + 2 * nr + bs + 8;
+            buf.clear();
+            buf.resize(need, 0.0);
+            let (kf, rest) = buf.split_at_mut(bs * d);
+            let (vf, rest) = rest.split_at_mut(bs * d);
+            let (acc, rest) = rest.split_at_mut(nr * d);
+            let (m, rest) = rest.split_at_mut(nr);
+            let (l, scores) = rest.split_at_mut(nr);
+            m.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+            let scale_v = _mm256_set1_ps(scale);
+            let mut kb = 0;
+            while kb * bs < max_vis {
+                let base = kb * bs;
+                let nk_max = bs.min(max_vis - base);
+                let blk = *table.get_unchecked(kb) as usize;
+                let src = (blk * h + g) * bs * d;
+                for j in 0..nk_max {
+                    let (ks, vs) = (k_cache.as_ptr().add(src + j * d), v_cache.as_ptr().add(src + j * d));
+                    let mut i = 0;
+                    while i < d8 {
+                        _mm256_storeu_ps(kf.as_mut_ptr().add(j * d + i), E::load8(ks.add(i)));
+                        _mm256_storeu_ps(vf.as_mut_ptr().add(j * d + i), E::load8(vs.add(i)));
+                        i += 8;
+                    }
+                    for i in d8..d {
+                        kf[j * d + i] = (*ks.add(i)).to_f32();
+                        vf[j * d + i] = (*vs.add(i)).to_f32();
+                    }
+                }
+                for (r, &(row, vis)) in rows.iter().enumerate() {
+                    if base >= vis {
+                        continue;
+                    }
+                    let nk = bs.min(vis - base);
+                    let qp = q.as_ptr().add(row * d);
+                    let dot = |j: usize| -> __m256 {
+                        let k = kf.as_ptr().add(j * d);
+                        let mut a = _mm256_setzero_ps();
+                        let mut i = 0;
+                        while i < d8 {
+                            a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(k.add(i)), a);
+                            i += 8;
+                        }
+                        a
+                    };
+                    let tail = |j: usize| -> f32 { (d8..d).map(|i| *qp.add(i) * kf[j * d + i]).sum() };
+                    // Scores of this block, eight keys at a time, then singles.
+                    let mut j = 0;
+                    let mut bmax = f32::NEG_INFINITY;
+                    while j + 8 <= nk {
+                        let mut sv = hsum8([dot(j), dot(j + 1), dot(j + 2), dot(j + 3), dot(j + 4), dot(j + 5), dot(j + 6), dot(j + 7)]);
+                        if d8 < d {
+                            let t: [f32; 8] = std::array::from_fn(|x| tail(j + x));
+                            sv = _mm256_add_ps(sv, _mm256_loadu_ps(t.as_ptr()));
+                        }
+                        sv = _mm256_mul_ps(sv, scale_v);
+                        _mm256_storeu_ps(scores.as_mut_ptr().add(j), sv);
+                        bmax = bmax.max(hmax(sv));
+                        j += 8;
+                    }
+                    while j < nk {
+                        let s = (hsum(dot(j)) + if d8 < d { tail(j) } else { 0.0 }) * scale;
+                        scores[j] = s;
+                        bmax = bmax.max(s);
+                        j += 1;
+                    }
+                    // Online softmax update.
+                    let m_new = m[r].max(bmax);
+                    let alpha = exp1(m[r] - m_new);
+                    m[r] = m_new;
+                    let mb = _mm256_set1_ps(m_new);
+                    let mut sumv = _mm256_setzero_ps();
+                    let mut j = 0;
+                    while j + 8 <= nk {
+                        let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), mb));
+                        sumv = _mm256_add_ps(sumv, e);
+                        _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
+                        j += 8;
+                    }
+                    let mut bsum = hsum(sumv);
+                    while j < nk {
+                        let e = exp1(scores[j] - m_new);
+                        scores[j] = e;
+                        bsum += e;
+                        j += 1;
+                    }
+                    l[r] = l[r] * alpha + bsum;
+                    let a = acc.as_mut_ptr().add(r * d);
+                    let av = _mm256_set1_ps(alpha);
+                    let mut i = 0;
+                    while i < d8 {
+                        let mut v = _mm256_mul_ps(_mm256_loadu_ps(a.add(i)), av);
+                        for (jj, &p) in scores[..nk].iter().enumerate() {
+                            v = _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_loadu_ps(vf.as_ptr().add(jj * d + i)), v);
+                        }
+                        _mm256_storeu_ps(a.add(i), v);
+                        i += 8;
+                    }
+                    for i in d8..d {
+                        let mut v = *a.add(i) * alpha;
+                        for (jj, &p) in scores[..nk].iter().enumerate() {
+                            v += p * vf[jj * d + i];
+                        }
+                        *a.add(i) = v;
+                    }
+                }
+                kb += 1;
             }
-            acc
-        };
-        let dot_tail = |j: usize| -> f32 {
-            let k = &k_cache[row(j) + d8..row(j) + d];
-            q[d8..].iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
-        };
-        // Scores, eight keys at a time.
-        let scale_v = _mm256_set1_ps(scale);
-        let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut j = 0;
-        while j + 8 <= visible {
-            let s = hsum8([dot(j), dot(j + 1), dot(j + 2), dot(j + 3), dot(j + 4), dot(j + 5), dot(j + 6), dot(j + 7)]);
-            let s = if d8 < d {
-                let tails: [f32; 8] = std::array::from_fn(|i| dot_tail(j + i));
-                _mm256_add_ps(s, _mm256_loadu_ps(tails.as_ptr()))
-            } else {
-                s
-            };
-            let s = _mm256_mul_ps(s, scale_v);
-            maxv = _mm256_max_ps(maxv, s);
-            _mm256_storeu_ps(scores.as_mut_ptr().add(j), s);
-            j += 8;
-        }
-        let mut max = hmax(maxv);
-        while j < visible {
-            let s = (hsum(dot(j)) + if d8 < d { dot_tail(j) } else { 0.0 }) * scale;
-            scores[j] = s;
-            max = max.max(s);
-            j += 1;
-        }
-        // Softmax numerators and their sum.
-        let maxb = _mm256_set1_ps(max);
-        let mut sumv = _mm256_setzero_ps();
-        let mut j = 0;
-        while j + 8 <= visible {
-            let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), maxb));
-            sumv = _mm256_add_ps(sumv, e);
-            _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
-            j += 8;
-        }
-        let mut sum = hsum(sumv);
-        while j < visible {
-            let mut tmp = [0f32; 8];
-            tmp[0] = scores[j] - max;
-            let e = exp_neg(_mm256_loadu_ps(tmp.as_ptr()));
-            _mm256_storeu_ps(tmp.as_mut_ptr(), e);
-            scores[j] = tmp[0];
-            sum += tmp[0];
-            j += 1;
-        }
-        // Weighted sum of values, in key order.
-        const MAXV: usize = 32; // head_dim up to 256
-        let nv = d8 / 8;
-        let mut acc = [_mm256_setzero_ps(); MAXV];
-        let mut tail = [0f32; 8];
-        for (j, &p) in scores[..visible].iter().enumerate() {
-            let v = vp.add(row(j));
-            let pb = _mm256_set1_ps(p);
-            for (i, a) in acc.iter_mut().take(nv).enumerate() {
-                *a = _mm256_fmadd_ps(pb, E::load8(v.add(i * 8)), *a);
+            for (r, &(row, _)) in rows.iter().enumerate() {
+                let inv = 1.0 / l[r];
+                let o = out.add(row * d);
+                for i in 0..d {
+                    *o.add(i) = acc[r * d + i] * inv;
+                }
             }
-            for (i, t) in tail.iter_mut().take(d - d8).enumerate() {
-                *t += p * (*v.add(d8 + i)).to_f32();
-            }
-        }
-        let inv = _mm256_set1_ps(1.0 / sum);
-        for (i, a) in acc.iter().take(nv).enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(i * 8), _mm256_mul_ps(*a, inv));
-        }
-        for (i, t) in tail.iter().take(d - d8).enumerate() {
-            out[d8 + i] = t * (1.0 / sum);
-        }
+        });
     }
 }
