@@ -39,6 +39,7 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // candle's own CPU thread pool spins while it waits; pace's kernels run on rayon's pool,
     // whose workers sleep. Keep candle's elementwise ops on the calling thread.

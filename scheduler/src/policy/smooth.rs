@@ -46,7 +46,8 @@
 //! net of what it displaces, is negative: admitting a request that will wait behind others means
 //! that, for as long as the overload lasts, some later request is served later too, so the loss
 //! *caused by queueing* (its loss at the predicted wait minus its loss if it were served alone,
-//! which no policy could avoid) may be at most `admit_max_loss * n` (default 2%). A rejection
+//! which no policy could avoid) may be at most `admit_max_loss * n` (default 2%), or the loss of
+//! waiting `admit_queue_slots` (default 4) times its own prefill, whichever is larger. A rejection
 //! carries a Retry-After of the predicted excess wait. Below
 //! saturation the predicted wait is a step or two and nobody is rejected; above it the queue is
 //! held at the wait where the loss reaches that margin, which keeps the batch full (throughput)
@@ -67,6 +68,11 @@ pub struct SmoothConfig {
     /// Most predicted loss `alpha * f(l)`, as a fraction of the request's tokens, accepted at the
     /// door.
     pub admit_max_loss: f64,
+    /// Queueing always tolerated at the door, in units of the request's own prefill time: a
+    /// queue a few requests deep keeps the server busy through bursts and costs little. On a
+    /// fast GPU the fraction above dominates; on a CPU, where one prefill takes as long as a
+    /// reader's whole buffer, this does.
+    pub admit_queue_slots: f64,
     /// A request waiting longer than this (seconds) is prefilled in deadline order ahead of
     /// the others.
     pub starvation_s: f64,
@@ -77,7 +83,7 @@ pub struct SmoothConfig {
 
 impl Default for SmoothConfig {
     fn default() -> Self {
-        Self { horizon_steps: 3.0, admit_max_loss: 0.02, starvation_s: 2.0, min_chunk_fraction: 0.25 }
+        Self { horizon_steps: 3.0, admit_max_loss: 0.02, admit_queue_slots: 4.0, starvation_s: 2.0, min_chunk_fraction: 0.25 }
     }
 }
 
@@ -187,10 +193,11 @@ impl Policy for Smooth {
         let idle = (ctx.now + wait - deadline).max(0.0);
         // What it would lose alone on the machine is no reason to refuse it: no policy can do
         // better. The margin applies to the loss caused by waiting behind others.
-        let idle_alone = (ctx.now + own_time(false) - deadline).max(0.0);
+        let alone = own_time(false);
+        let idle_alone = (ctx.now + alone - deadline).max(0.0);
         let slo = ctx.slo;
         let n = req.remaining_output();
-        let max_loss = self.cfg.admit_max_loss * n as f64;
+        let max_loss = (self.cfg.admit_max_loss * n as f64).max(slo.alpha * slo.penalty.apply(self.cfg.admit_queue_slots * alone));
         let queue_loss = slo.benefit(n, idle_alone) - slo.benefit(n, idle);
         if slo.benefit(n, idle) < 0.0 || queue_loss > max_loss {
             let base = slo.alpha * slo.penalty.apply(idle_alone);
