@@ -6,9 +6,13 @@
 //!   candle custom ops with a CPU forward (and a CUDA forward with the `cuda` feature).
 
 pub mod attention;
+pub mod elementwise;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 pub use attention::{paged_attention, reshape_and_cache, CacheGeometry, PagedAttentionMeta};
+pub use elementwise::silu_mul;
 
 /// True when the CPU has AVX2, FMA and F16C (detected once, at run time). The kernels take their
 /// vector paths only then, and their portable paths elsewhere.

@@ -97,6 +97,17 @@ impl FusedLinear {
         }
     }
 
+    /// Applies every part to `x` and returns the outputs side by side, `tokens x sum(out)`.
+    pub fn forward_concat(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.fused {
+            Some(f) => f.forward(x),
+            None => {
+                let parts = self.parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&parts, 1)?)
+            }
+        }
+    }
+
     /// Applies every part to `x` (`tokens x in`); one output per part.
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         match &self.fused {

@@ -181,12 +181,7 @@ impl Llama {
                 .reshape((t, hq * d))?;
             x = (x + b.o.forward(&a)?.to_dtype(self.dtype)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let [g, u]: [Tensor; 2] = b
-                .gate_up
-                .forward(&h)?
-                .try_into()
-                .map_err(|_| Error::Invalid("gate/up projection returned the wrong parts".into()))?;
-            let m = (candle_nn::ops::silu(&g)? * u)?;
+            let m = pace_kernels::silu_mul(&b.gate_up.forward_concat(&h)?, cfg.intermediate_size)?;
             x = (x + b.down.forward(&m)?.to_dtype(self.dtype)?)?;
         }
         if input.sample_idx.dim(0)? == 0 {
