@@ -46,3 +46,36 @@ pub(crate) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
         i += 1;
     }
 }
+
+/// Sum of the eight lanes, added in a fixed order.
+#[inline(always)]
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Largest of the eight lanes.
+#[inline(always)]
+pub(crate) unsafe fn hmax(v: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes, always
+/// added as ((0+1)+(2+3)) + ((4+5)+(6+7)), whatever the other vectors hold.
+#[inline(always)]
+pub(crate) unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
+    let a = _mm256_hadd_ps(v[0], v[1]);
+    let b = _mm256_hadd_ps(v[2], v[3]);
+    let c = _mm256_hadd_ps(v[4], v[5]);
+    let d = _mm256_hadd_ps(v[6], v[7]);
+    let ab = _mm256_hadd_ps(a, b);
+    let cd = _mm256_hadd_ps(c, d);
+    let lo = _mm256_permute2f128_ps::<0x20>(ab, cd);
+    let hi = _mm256_permute2f128_ps::<0x31>(ab, cd);
+    _mm256_add_ps(lo, hi)
+}

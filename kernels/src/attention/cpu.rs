@@ -214,58 +214,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{CacheGeometry, KvElem};
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
-
-    #[inline(always)]
-    unsafe fn hmax(v: __m256) -> f32 {
-        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes.
-    #[inline(always)]
-    unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
-        let a = _mm256_hadd_ps(v[0], v[1]);
-        let b = _mm256_hadd_ps(v[2], v[3]);
-        let c = _mm256_hadd_ps(v[4], v[5]);
-        let d = _mm256_hadd_ps(v[6], v[7]);
-        let ab = _mm256_hadd_ps(a, b);
-        let cd = _mm256_hadd_ps(c, d);
-        // ab = [s0 s1 s2 s3 | s0' s1' s2' s3'] (low and high 128-bit halves of each sum).
-        let lo = _mm256_permute2f128_ps::<0x20>(ab, cd);
-        let hi = _mm256_permute2f128_ps::<0x31>(ab, cd);
-        _mm256_add_ps(lo, hi)
-    }
-
-    /// exp(x) for x <= 0 (scores minus their max), Cephes-style: range reduction by ln 2 and a
-    /// degree-6 polynomial; relative error about 2e-7. Inputs below -87 give 0.
-    #[inline(always)]
-    unsafe fn exp_neg(x: __m256) -> __m256 {
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-        _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
-    }
+    use crate::simd::{hmax, hsum, hsum8};
 
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -274,7 +223,7 @@ mod avx2 {
     /// exp of one value through the vector routine (same rounding as the vector lanes).
     #[inline(always)]
     unsafe fn exp1(x: f32) -> f32 {
-        _mm256_cvtss_f32(exp_neg(_mm256_set1_ps(x)))
+        _mm256_cvtss_f32(crate::simd::exp(_mm256_set1_ps(x)))
     }
 
     /// Attention of the query rows of one work item (one sequence, one KV head): `rows` holds
@@ -378,7 +327,7 @@ mod avx2 {
                     let mut sumv = _mm256_setzero_ps();
                     let mut j = 0;
                     while j + 8 <= nk {
-                        let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), mb));
+                        let e = crate::simd::exp(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), mb));
                         sumv = _mm256_add_ps(sumv, e);
                         _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
                         j += 8;

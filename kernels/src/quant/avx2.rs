@@ -10,6 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::QK;
+use crate::simd::hsum8;
 
 pub(super) use crate::cpu_has_avx2 as available;
 
@@ -191,21 +192,6 @@ unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile<'_>, acc: &[[__m25
             *t.y.add(c * t.ldy + r) = sums[r * C + c] + offs[r * C + c];
         }
     }
-}
-
-/// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes, always
-/// added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
-#[inline(always)]
-unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
-    let a = _mm256_hadd_ps(v[0], v[1]);
-    let b = _mm256_hadd_ps(v[2], v[3]);
-    let c = _mm256_hadd_ps(v[4], v[5]);
-    let d = _mm256_hadd_ps(v[6], v[7]);
-    let ab = _mm256_hadd_ps(a, b);
-    let cd = _mm256_hadd_ps(c, d);
-    let lo = _mm256_permute2f128_ps::<0x20>(ab, cd);
-    let hi = _mm256_permute2f128_ps::<0x31>(ab, cd);
-    _mm256_add_ps(lo, hi)
 }
 
 /// Q4 weights: `R` rows by `C` tokens.
