@@ -3,15 +3,21 @@
 //! - [`quant`]: quantized weight layouts and the CPU quantized matmul (AVX2 with a portable
 //!   fallback), bitwise batch-invariant.
 //! - [`attention`]: the paged KV cache's write (`reshape_and_cache`) and `paged_attention`, as
-//!   candle custom ops with a CPU forward (and a CUDA forward with the `cuda` feature).
+//!   candle custom ops with a CPU forward (and a CUDA forward with the `cuda` feature: kernels in
+//!   `kernels/cuda/*.cu`, compiled by build.rs, launched from the private `cuda` module).
+//! - [`device`]: the few device questions the engine asks (is CUDA built in, free memory, a
+//!   device's name), answered without `#[cfg]` at the call sites.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+mod cuda;
+pub mod device;
 pub mod elementwise;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
-pub use attention::{paged_attention, reshape_and_cache, CacheGeometry, PagedAttentionMeta};
+pub use attention::{paged_attention, reshape_and_cache, AttnOptions, CacheGeometry, PagedAttentionMeta};
 pub use elementwise::silu_mul;
 
 /// True when the CPU has AVX2, FMA and F16C (detected once, at run time). The kernels take their

@@ -14,7 +14,8 @@
 
 pub mod cpu;
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
@@ -104,10 +105,50 @@ impl AttentionMeta<'_> {
     }
 }
 
+/// How the CUDA forward of [`paged_attention`] picks its kernels (the CPU forward has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnOptions {
+    /// Run prefill chunks on tensor cores when the cache is f16 or bf16.
+    pub tensor_cores: bool,
+    /// Keys per split-K partition of the query-at-a-time kernel; `None` picks by context length
+    /// and GPU size.
+    pub partition: Option<usize>,
+}
+
+impl Default for AttnOptions {
+    fn default() -> Self {
+        Self { tensor_cores: true, partition: None }
+    }
+}
+
+impl AttnOptions {
+    /// The process-wide default: [`AttnOptions::default`], except that `PACE_ATTN_TENSOR_CORES=0`
+    /// turns the tensor-core prefill kernel off (read once; an escape hatch for operators).
+    pub fn process_default() -> Self {
+        static OPTS: OnceLock<AttnOptions> = OnceLock::new();
+        *OPTS.get_or_init(|| Self {
+            tensor_cores: std::env::var("PACE_ATTN_TENSOR_CORES").map_or(true, |v| v != "0"),
+            partition: None,
+        })
+    }
+}
+
+/// Per-step data a device backend derives from the metadata once and reuses in every layer (the
+/// CUDA kernels' work lists); never set on the CPU.
+#[derive(Default)]
+pub(crate) struct Derived(OnceLock<Box<dyn Any + Send + Sync>>);
+
+impl std::fmt::Debug for Derived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Derived(set)" } else { "Derived(empty)" })
+    }
+}
+
 /// A step's attention metadata, validated once, on the host and on the compute device.
 #[derive(Debug, Clone)]
 pub struct PagedAttentionMeta {
     host: Arc<HostMeta>,
+    derived: Arc<Derived>,
     /// `num_seqs + 1` query prefix sums (u32) on the device.
     pub cu_seqlens_q: Tensor,
     /// `num_seqs` context lengths (u32) on the device.
@@ -153,6 +194,7 @@ impl PagedAttentionMeta {
             context_lens: Tensor::from_slice(&context_lens, n, device)?,
             block_tables: Tensor::from_slice(&block_tables, (n, max_blocks), device)?,
             host: Arc::new(HostMeta { cu_seqlens_q, context_lens, block_tables, max_blocks }),
+            derived: Arc::default(),
             geometry,
             max_context_len,
         })
@@ -171,6 +213,12 @@ impl PagedAttentionMeta {
     /// Query tokens in the batch.
     pub fn num_tokens(&self) -> usize {
         self.host.cu_seqlens_q.last().copied().unwrap_or(0) as usize
+    }
+
+    /// The slot for data derived from this metadata (shared by its clones).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn derived(&self) -> &OnceLock<Box<dyn Any + Send + Sync>> {
+        &self.derived.0
     }
 }
 
@@ -262,6 +310,8 @@ struct PagedAttention {
     meta: PagedAttentionMeta,
     heads: usize,
     scale: f32,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    opts: AttnOptions,
 }
 
 impl candle_core::CustomOp1 for PagedAttention {
@@ -305,18 +355,30 @@ impl candle_core::CustomOp1 for PagedAttention {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::paged_attention(s, l, &self.k_cache, &self.v_cache, &self.meta, self.heads, self.scale)
+        crate::cuda::paged_attention(s, l, &self.k_cache, &self.v_cache, &self.meta, self.heads, self.scale, self.opts)
     }
 }
 
 /// Attention of `q` (`t x heads x head_dim`) over the paged cache; returns `t x heads x head_dim`
-/// (f32 on the CPU, `q`'s dtype on a GPU).
+/// (f32 on the CPU; on a GPU in q's dtype when that is f32 or the cache's dtype, else f32).
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     meta: &PagedAttentionMeta,
     scale: f32,
+) -> Result<Tensor> {
+    paged_attention_with(q, k_cache, v_cache, meta, scale, AttnOptions::process_default())
+}
+
+/// [`paged_attention`] with explicit kernel options.
+pub fn paged_attention_with(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMeta,
+    scale: f32,
+    opts: AttnOptions,
 ) -> Result<Tensor> {
     let (t, heads, d) = q.dims3()?;
     let g = meta.geometry;
@@ -326,7 +388,15 @@ pub fn paged_attention(
     if d != g.head_dim || heads % g.kv_heads != 0 || t != meta.num_tokens() || d > 256 {
         candle_core::bail!("paged attention: q {:?} does not fit the cache {:?}", q.shape(), g);
     }
-    let q = if q.device().is_cpu() { q.to_dtype(DType::F32)? } else { q.clone() };
+    if !q.device().same_device(k_cache.device()) || !q.device().same_device(meta.context_lens.device()) {
+        candle_core::bail!("paged attention: q, the caches and the metadata are on different devices");
+    }
+    // The CPU kernel reads f32 queries; the CUDA kernels read f32 or the cache's dtype.
+    let q = match q.dtype() {
+        DType::F32 => q.clone(),
+        dt if !q.device().is_cpu() && dt == k_cache.dtype() => q.clone(),
+        _ => q.to_dtype(DType::F32)?,
+    };
     let q = q.contiguous()?;
     q.apply_op1_no_bwd(&PagedAttention {
         k_cache: k_cache.clone(),
@@ -334,5 +404,6 @@ pub fn paged_attention(
         meta: meta.clone(),
         heads,
         scale,
+        opts,
     })
 }
