@@ -66,7 +66,7 @@ async fn metrics_match_the_script() {
     let workload = Workload { prompts: SCENARIOS.iter().map(|s| prompt(s, 8)).collect(), schedule: vec![0.0; SCENARIOS.len()] };
     let t0 = Instant::now();
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, true)).await;
-    assert!(t0.elapsed().as_secs_f64() < 5.0);
+    assert!(t0.elapsed().as_secs_f64() < 30.0, "the run ends when its last script does, not at a timeout");
     assert_eq!((run.results.len(), run.not_sent, run.time_limit_hit), (9, 0, false));
     let by = |name: &str| &run.results[SCENARIOS.iter().position(|s| *s == name).unwrap()];
 

@@ -104,10 +104,18 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
     });
     futures_util::future::join_all(futs).await;
     eventually(&s, 60, "every timed-out request aborted and its blocks freed", |t| aborts(t) >= 2.0 && idle(t)).await;
-    let t0 = Instant::now();
-    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Quick:", "max_tokens": 4})).await;
+    // Nothing is left behind: a new request is served in full and the engine is idle after it.
+    // (No latency bound here: CI runs the other lifecycle servers on the same two cores; the
+    // timeout only turns a hang into a failure.)
+    let served = tokio::time::timeout(
+        Duration::from_secs(180),
+        post(&s.url("/v1/completions"), &json!({"prompt": "Quick:", "max_tokens": 4, "ignore_eos": true})),
+    )
+    .await;
+    let (st, _, v) = served.expect("a new request is served after the mass timeouts");
     assert_eq!(st, 200, "{v}");
-    assert!(t0.elapsed() < Duration::from_secs(20), "a new request completes promptly ({:?})", t0.elapsed());
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    eventually(&s, 30, "idle after the new request", idle).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,7 +230,7 @@ async fn sigterm_stops_accepting_drains_in_flight_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_the_workload_and_the_clients_measurements() {
     use pace_scheduler::slo::{BinarySlo, Outcome, Penalty, RequestRecord, SloClass, SloParams, WindowStats};
-    let s = Server::start(&["--scheduler", "fcfs", "--slo", "ttft:5000 tpot:500", "--metrics-window", "600"]);
+    let s = Server::start(&["--scheduler", "fcfs", "--slo", "ttft:30000 tpot:2000", "--metrics-window", "600"]);
     let n_req = 6;
     let tokens = 10;
     let t_start = Instant::now();
@@ -251,14 +259,14 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     assert_eq!(m("pace_generation_tokens_total"), (n_req * tokens) as f64);
     assert_eq!(m("pace_inter_token_latency_seconds_count"), (n_req * (tokens - 1)) as f64);
     assert_eq!(common::metric_value(&text, "pace_requests_total", &["finished_reason=\"length\""]), n_req as f64);
-    assert!(text.contains("le=\"5\"") && text.contains("le=\"0.5\""), "SLO thresholds are bucket boundaries");
+    assert!(text.contains("le=\"30\"") && text.contains("le=\"2\""), "SLO thresholds are bucket boundaries");
     for line in text.lines().filter(|l| l.starts_with("pace_")) {
         assert!(line.contains("model_name=\"SmolLM2-135M-Instruct\"") && line.contains("scheduler=\"fcfs\""), "labels on {line}");
     }
     // The client's view through the same slo module: its attainment equals the server's gauge
     // (both see every request pass with these loose thresholds) and its smooth goodput per
     // request is close (server and client stamp the same frames, microseconds apart).
-    let params = SloParams { alpha: 2.5, penalty: Penalty::Linear, binary: "ttft:5000 tpot:500".parse::<BinarySlo>().unwrap(), default_class: SloClass::default() };
+    let params = SloParams { alpha: 2.5, penalty: Penalty::Linear, binary: "ttft:30000 tpot:2000".parse::<BinarySlo>().unwrap(), default_class: SloClass::default() };
     let records: Vec<RequestRecord> = results
         .iter()
         .map(|(sent, times)| RequestRecord { arrival: *sent, token_times: times.clone(), outcome: Outcome::Completed, end: *times.last().unwrap(), class: SloClass::default() })
