@@ -382,10 +382,12 @@ pub(crate) fn paged_attention(
         p.num_work = n as u32;
         p.num_parts = parts as u32;
         p.part_size = part as u32;
-        // Split-K scratch, released (stream-ordered) when this function returns.
+        // Split-K scratch, released (stream-ordered) when this function returns. Uninitialised:
+        // pa_reduce reads only the partitions the SIMT kernel wrote.
         let scratch = if parts > 1 {
-            let o = dev.alloc_zeros::<f32>(n * heads * parts * d)?;
-            let ml = dev.alloc_zeros::<f32>(n * heads * parts * 2)?;
+            // SAFETY: see above.
+            let o = unsafe { dev.alloc::<f32>(n * heads * parts * d)? };
+            let ml = unsafe { dev.alloc::<f32>(n * heads * parts * 2)? };
             p.part_out = slice_address(&o, &dev);
             p.part_ml = slice_address(&ml, &dev);
             Some((o, ml))

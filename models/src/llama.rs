@@ -151,7 +151,7 @@ impl Llama {
     }
 
     /// Runs one step: writes the batch's K/V into `cache` and returns the logits of the sampled
-    /// positions, `(samples, vocab)` in f32.
+    /// positions, `(samples, vocab)` in f32 (on the host when there are none).
     pub fn forward(&self, input: &StepInput, cache: &KvCache) -> Result<Tensor> {
         let cfg = &self.cfg;
         let t = input.token_ids_host.len();
@@ -185,7 +185,8 @@ impl Llama {
             x = (x + b.down.forward(&m)?.to_dtype(self.dtype)?)?;
         }
         if input.sample_idx.dim(0)? == 0 {
-            return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, &self.device)?);
+            // On the host: a GPU cannot allocate an empty buffer.
+            return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, &Device::Cpu)?);
         }
         let x = x.index_select(&input.sample_idx, 0)?;
         let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;

@@ -92,31 +92,41 @@ fn parse_dummy_storage(s: &str) -> Result<DummyStorage> {
 }
 
 /// Parses `--device`: `auto`, `cpu`, `cuda` or `cuda:N`. `auto` picks the first GPU when one is
-/// usable and says so; asking for CUDA where there is none is an error that says why.
+/// usable and says so; asking for CUDA where there is none is an error that says why. A CUDA
+/// device is readied for pace here (its kernels loaded), so a broken installation fails at start.
 pub fn parse_device(spec: &str) -> Result<Device> {
-    let cuda = |n: usize| {
-        Device::new_cuda(n).map_err(|e| {
-            Error::Invalid(format!(
-                "--device {spec}: CUDA device {n} is not usable ({e}); this build of pace {} CUDA",
-                if candle_core::utils::cuda_is_available() { "has" } else { "was built without" }
-            ))
-        })
+    let cuda = |n: usize| -> Result<Device> {
+        if !pace_kernels::device::CUDA_BUILT {
+            return Err(Error::Invalid(format!(
+                "--device {spec}: this pace binary is the CPU build; GPUs need the CUDA build of \
+                 pace (cargo build --release --features cuda -p pace-server, or the image of \
+                 deploy/Dockerfile.cuda)"
+            )));
+        }
+        let dev = Device::new_cuda(n).map_err(|e| {
+            Error::Invalid(format!("--device {spec}: CUDA device {n} is not usable ({})", first_line(&e.to_string())))
+        })?;
+        pace_kernels::device::prepare(&dev).map_err(|e| {
+            Error::Invalid(format!("--device {spec}: loading pace's CUDA kernels failed ({})", first_line(&e.to_string())))
+        })?;
+        let name = pace_kernels::device::describe(&dev).unwrap_or_else(|| format!("CUDA device {n}"));
+        tracing::info!("using {name}");
+        Ok(dev)
     };
     match spec {
         "cpu" => Ok(Device::Cpu),
         "auto" => {
-            if candle_core::utils::cuda_is_available() {
-                match Device::new_cuda(0) {
-                    Ok(d) => {
-                        tracing::info!("--device auto: using CUDA device 0");
-                        return Ok(d);
-                    }
-                    Err(e) => tracing::info!("--device auto: no usable GPU ({e}); using the CPU"),
-                }
-            } else {
-                tracing::info!("--device auto: built without CUDA; using the CPU");
+            if !pace_kernels::device::CUDA_BUILT {
+                tracing::info!("--device auto: the CPU build of pace; using the CPU");
+                return Ok(Device::Cpu);
             }
-            Ok(Device::Cpu)
+            match cuda(0) {
+                Ok(d) => Ok(d),
+                Err(e) => {
+                    tracing::info!("--device auto: no usable GPU ({e}); using the CPU");
+                    Ok(Device::Cpu)
+                }
+            }
         }
         "cuda" | "gpu" => cuda(0),
         s => match s.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
@@ -124,6 +134,11 @@ pub fn parse_device(spec: &str) -> Result<Device> {
             None => Err(Error::Invalid(format!("--device {s}: use auto, cpu, cuda or cuda:N"))),
         },
     }
+}
+
+/// candle's CUDA errors carry a backtrace after their first line.
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s).trim()
 }
 
 /// Options for [`load`].
@@ -192,11 +207,19 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
             (cfg, loader, tokenizer, format!("dummy {name} ({storage:?}, seed {})", opts.seed))
         }
     };
+    if !dev.is_cpu() && cfg.head_dim != 64 && cfg.head_dim != 128 {
+        return Err(Error::Unsupported(format!(
+            "head size {}: pace's CUDA attention kernels take head sizes 64 and 128 (use --device cpu)",
+            cfg.head_dim
+        )));
+    }
     let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len == 0 {
         return Err(Error::Invalid("--max-model-len must be positive".into()));
     }
     let model = Llama::load(&cfg, &loader, max_model_len)?;
+    // Weights were copied from this thread; the engine runs on another one (another stream).
+    dev.synchronize()?;
     let chat_template = ChatTemplate::for_tokenizer(&tokenizer)?;
     Ok(LoadedModel { model, tokenizer, chat_template, name: source.default_name(), max_model_len, description })
 }

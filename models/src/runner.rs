@@ -7,10 +7,10 @@
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor, D};
 use pace_kernels::attention::check_slots;
 use pace_kernels::PagedAttentionMeta;
-use pace_scheduler::{BatchPlan, RequestId, StepOutput};
+use pace_scheduler::{BatchPlan, RequestId, SampledToken, StepOutput};
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
@@ -68,6 +68,9 @@ impl ModelRunner {
         // start from inside the pool instead of handing each one over from this thread.
         let (model, cache) = (&self.model, &self.cache);
         let logits = rayon::scope(|_| model.forward(&input, cache))?;
+        if let Some(sampled) = self.sample_greedy_on_device(plan, &logits)? {
+            return Ok(StepOutput { sampled });
+        }
         let mut rows = logits.to_vec2::<f32>()?;
         let mut sampled = Vec::with_capacity(rows.len());
         for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {
@@ -80,6 +83,48 @@ impl ModelRunner {
             sampled.push(tok);
         }
         Ok(StepOutput { sampled })
+    }
+
+    /// On a GPU, when every sampled request is plain greedy (no logprobs, no penalties), takes
+    /// the argmax of each row on the device and copies only the token ids to the host, instead
+    /// of every row of logits (64 rows of a 128k vocabulary are 33 MB). `None`: sample on the host.
+    fn sample_greedy_on_device(&mut self, plan: &BatchPlan, logits: &Tensor) -> Result<Option<Vec<SampledToken>>> {
+        let sampled_seqs = || plan.seqs.iter().filter(|s| s.sample);
+        let plain = sampled_seqs().all(|s| self.samplers.get(&s.id).is_some_and(Sampler::is_plain_greedy));
+        if logits.device().is_cpu() || logits.dim(0)? == 0 || !plain {
+            return Ok(None);
+        }
+        let ids: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (s, token) in sampled_seqs().zip(ids) {
+            if let Some(sampler) = self.samplers.get_mut(&s.id) {
+                sampler.record(token);
+            }
+            out.push(SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() });
+        }
+        Ok(Some(out))
+    }
+
+    /// Runs one step without sampling and returns the logits of the positions the plan marks
+    /// `sample` (in plan order). For checking one device against another (`pace gpu-check`).
+    pub fn step_logits(&mut self, plan: &BatchPlan) -> Result<Vec<Vec<f32>>> {
+        if plan.seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let input = self.prepare(plan, None)?;
+        Ok(self.model.forward(&input, &self.cache)?.to_vec2::<f32>()?)
+    }
+
+    /// The tensors of one step, prepared as [`ModelRunner::execute`] prepares them. With
+    /// [`ModelRunner::forward`], for benchmarks that time the model's forward pass alone.
+    pub fn prepare_step(&self, plan: &BatchPlan) -> Result<StepInput> {
+        self.prepare(plan, None)
+    }
+
+    /// The model's forward pass over a prepared step (K/V written into the cache); returns the
+    /// logits of the sampled positions on the device, without sampling.
+    pub fn forward(&self, input: &StepInput) -> Result<Tensor> {
+        self.model.forward(input, &self.cache)
     }
 
     /// Logits at positions `from..tokens.len()` of one sequence, computed by a single prefill
@@ -159,7 +204,8 @@ impl ModelRunner {
             token_ids: Tensor::from_slice(&ids, n_tok, dev)?,
             positions: Tensor::from_slice(&positions, n_tok, dev)?,
             slots: Tensor::from_slice(&slots, n_tok, dev)?,
-            sample_idx: Tensor::from_slice(&sample_idx, sample_idx.len(), dev)?,
+            // A GPU cannot allocate an empty buffer; the model never reads an empty index.
+            sample_idx: Tensor::from_slice(&sample_idx, sample_idx.len(), if sample_idx.is_empty() { &Device::Cpu } else { dev })?,
             token_ids_host: ids,
             attn,
         })

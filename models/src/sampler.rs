@@ -112,6 +112,16 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// True if the token is the argmax of the raw logits: greedy, with no penalty and no
+    /// logprobs (which need the whole row).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy()
+            && self.logprobs.is_none()
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+    }
+
     /// Checks every parameter's range; the first bad one is named in the error.
     pub fn validate(&self) -> std::result::Result<(), ParamError> {
         fn check(
@@ -226,6 +236,13 @@ impl Sampler {
     /// The seed in use (drawn at random when the request gave none).
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// True if the token this sampler picks is the argmax of the raw logits (see
+    /// [`SamplingParams::is_plain_greedy`]); the caller may then take the argmax itself and
+    /// [`record`](Self::record) it.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.is_plain_greedy()
     }
 
     /// Counts `token` as output for the penalties without sampling it. [`sample`](Self::sample)

@@ -224,7 +224,7 @@ impl WeightLoader {
                     ))),
                     DummyStorage::Quant(_) => Err(Error::Invalid("quantized dummy weights run on the CPU only".into())),
                     DummyStorage::Dense(dt) => Ok(Linear::Dense(
-                        Tensor::from_vec(v, (out, inp), &Device::Cpu)?.to_dtype(*dt)?.to_device(&self.device)?.to_dtype(self.dtype)?,
+                        host_tensor(v, (out, inp), *dt)?.to_device(&self.device)?.to_dtype(self.dtype)?,
                     )),
                 }
             }
@@ -330,6 +330,16 @@ impl WeightLoader {
             _ => Ok(None),
         }
     }
+}
+
+/// `v` as a host tensor of `dtype`, converted on every core (an 8B-parameter dummy model is 8G
+/// conversions; rounding is the same as candle's `to_dtype`).
+fn host_tensor(v: Vec<f32>, shape: (usize, usize), dtype: DType) -> Result<Tensor> {
+    Ok(match dtype {
+        DType::BF16 => Tensor::from_vec(v.par_iter().map(|&x| half::bf16::from_f32(x)).collect::<Vec<_>>(), shape, &Device::Cpu)?,
+        DType::F16 => Tensor::from_vec(v.par_iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>(), shape, &Device::Cpu)?,
+        _ => Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)?,
+    })
 }
 
 fn candle_dtype(t: GgmlType) -> GgmlDType {

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
+use pace_models::config::LlamaConfig;
 use pace_models::kv_cache::KvCache;
 use pace_models::llama::Llama;
 use pace_models::loader::{load, parse_device, LoadOptions, LoadedModel, ModelSource};
@@ -14,6 +15,8 @@ use pace_scheduler::cost::{StepCostModel, StepShape};
 use pace_scheduler::{BatchPlan, Scheduler, SchedulerConfig, SeqSlice};
 
 use crate::engine::EngineCore;
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Model, device and engine-shape flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,12 +35,18 @@ pub struct EngineArgs {
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub block_size: u32,
-    /// KV-cache blocks (overrides --kv-cache-memory).
+    /// KV-cache blocks (overrides --kv-cache-memory and --gpu-memory-utilization).
     #[arg(long)]
     pub kv_cache_blocks: Option<usize>,
-    /// Memory for the KV cache, e.g. 2GiB or 512MiB.
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
-    pub kv_cache_memory: u64,
+    /// Memory for the KV cache, e.g. 2GiB or 512MiB. Default: 2GiB on the CPU; on a GPU, what
+    /// --gpu-memory-utilization leaves after the weights and the activations of the largest step.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<u64>,
+    /// Share of the GPU's memory pace may take in all (weights, activations, KV cache), as vLLM's
+    /// flag: sizes the KV cache on a GPU when neither --kv-cache-blocks nor --kv-cache-memory is
+    /// given.
+    #[arg(long, default_value_t = 0.9, value_parser = parse_fraction)]
+    pub gpu_memory_utilization: f64,
     /// KV-cache element type: auto (f16 on the CPU, bf16 on a GPU), f32, f16 or bf16.
     #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "f16", "bf16"])]
     pub kv_cache_dtype: String,
@@ -75,6 +84,33 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         return Err(format!("'{s}' must be a positive size"));
     }
     Ok((v * mul) as u64)
+}
+
+fn parse_fraction(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a fraction in (0, 1]")),
+    }
+}
+
+/// KV-cache bytes on a GPU with `free` of `total` bytes free after loading the model: the share
+/// pace may use, less what is already used (weights, CUDA context, other processes), less the
+/// activation reserve.
+pub fn gpu_kv_cache_bytes(free: u64, total: u64, utilization: f64, reserve: u64) -> u64 {
+    let allowed = (total as f64 * utilization) as u64;
+    allowed.saturating_sub(total.saturating_sub(free)).saturating_sub(reserve)
+}
+
+/// Device memory the largest step's activations may take: every intermediate of a layer (the
+/// residual, norms, q/k/v, attention output, gate/up and the MLP product) for `tokens` tokens,
+/// twice over for the allocator's slack, the f32 logits of `seqs` sampled positions twice, and
+/// 512 MiB for cuBLAS workspaces and the kernels' scratch.
+pub fn activation_reserve(cfg: &LlamaConfig, tokens: usize, seqs: usize, act_bytes: usize) -> u64 {
+    let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+    let per_token = 4 * cfg.hidden_size + 3 * cfg.intermediate_size + 2 * qkv;
+    let acts = 2 * tokens * per_token * act_bytes;
+    let logits = 2 * seqs.min(tokens) * cfg.vocab_size * 4;
+    (acts + logits) as u64 + (512 << 20)
 }
 
 /// Builds rayon's global pool once (the kernels' threads). Idle workers sleep rather than spin.
@@ -132,12 +168,34 @@ pub fn build_engine_with(
     let bs = args.block_size as usize;
     let dtype = args.kv_dtype(&model);
     let per_block = KvCache::bytes_per_block(&cfg, bs, dtype);
+    let on_cpu = model.device().is_cpu();
+    let max_batch_tokens = args.max_batch_tokens.unwrap_or(if on_cpu { 512 } else { 8192 }).max(1);
+    let bytes = match (args.kv_cache_memory, pace_kernels::device::memory_info(model.device())) {
+        (Some(b), _) => b,
+        (None, Some((free, total))) => {
+            let reserve = activation_reserve(&cfg, max_batch_tokens, args.max_num_seqs, model.dtype().size_in_bytes());
+            let kv = gpu_kv_cache_bytes(free as u64, total as u64, args.gpu_memory_utilization, reserve);
+            tracing::info!(
+                "GPU memory: {:.1} of {:.1} GiB free after loading; {:.0}% usable, {:.1} GiB kept for activations: {:.1} GiB of KV cache",
+                free as f64 / GIB,
+                total as f64 / GIB,
+                args.gpu_memory_utilization * 100.0,
+                reserve as f64 / GIB,
+                kv as f64 / GIB
+            );
+            kv
+        }
+        (None, None) => 2 << 30,
+    };
     let blocks = match args.kv_cache_blocks {
         Some(b) => b,
-        None => (args.kv_cache_memory / per_block as u64) as usize,
+        None => (bytes / per_block as u64) as usize,
     };
     if blocks < 2 {
-        bail!("the KV cache holds {blocks} blocks of {per_block} bytes; give it more memory (--kv-cache-memory)");
+        bail!(
+            "the KV cache holds {blocks} blocks of {per_block} bytes; give it more memory (--kv-cache-memory, \
+             --gpu-memory-utilization) or take less for a step (--max-batch-tokens)"
+        );
     }
     let cache = KvCache::new(&cfg, blocks, bs, dtype, model.device()).context("allocating the KV cache")?;
     tracing::info!(
@@ -145,13 +203,12 @@ pub fn build_engine_with(
         (blocks - 1) * bs,
         (blocks * per_block) as f64 / (1 << 20) as f64
     );
-    let on_cpu = model.device().is_cpu();
     let mut runner = ModelRunner::new(model, cache);
     let mut sc = SchedulerConfig {
         block_size: bs,
         num_kv_blocks: blocks,
         max_num_seqs: args.max_num_seqs.max(1),
-        max_batch_tokens: args.max_batch_tokens.unwrap_or(if on_cpu { 512 } else { 8192 }).max(1),
+        max_batch_tokens,
         max_model_len,
         ..SchedulerConfig::default()
     };
@@ -163,6 +220,8 @@ pub fn build_engine_with(
         bail!("unknown scheduler policy '{policy}'");
     };
     scheduler.set_cost_model(model);
+    // The engine may run on another thread, whose GPU stream must find this one's work done.
+    runner.model().device().synchronize()?;
     Ok(EngineCore::new(scheduler, runner))
 }
 
