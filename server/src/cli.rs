@@ -305,3 +305,36 @@ fn profile(runner: &mut ModelRunner, sc: &SchedulerConfig) -> Result<Vec<(StepSh
     samples.drain(..warmups.min(samples.len()));
     Ok(samples)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_kv_cache_takes_the_allowed_share_less_what_is_used_and_the_reserve() {
+        let gib = 1u64 << 30;
+        // 141 GiB card, 16 GiB used by weights and the context: 0.9 * 141 - 16 - 2 = 108.9 GiB.
+        let kv = gpu_kv_cache_bytes(125 * gib, 141 * gib, 0.9, 2 * gib);
+        assert_eq!(kv, (141.0 * 0.9 * gib as f64) as u64 - 18 * gib);
+        // Another process already holds more than the allowed share: nothing, not an underflow.
+        assert_eq!(gpu_kv_cache_bytes(10 * gib, 141 * gib, 0.5, gib), 0);
+    }
+
+    #[test]
+    fn activation_reserve_grows_with_the_step_and_keeps_the_workspace_floor() {
+        let cfg = LlamaConfig::preset("llama-3-8b").unwrap();
+        let small = activation_reserve(&cfg, 1, 1, 2);
+        let big = activation_reserve(&cfg, 8192, 256, 2);
+        assert!(small >= 512 << 20 && small < 520 << 20, "{small}");
+        // 8192 tokens of an 8B model in bf16: a couple of GiB of activations, plus 256 rows of a
+        // 128k vocabulary in f32.
+        assert!(big > 2 << 30 && big < 6 << 30, "{big}");
+    }
+
+    #[test]
+    fn fractions_and_sizes_parse_or_say_why() {
+        assert_eq!(parse_fraction("0.9"), Ok(0.9));
+        assert!(parse_fraction("0").is_err() && parse_fraction("1.5").is_err() && parse_fraction("x").is_err());
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+    }
+}
