@@ -61,8 +61,14 @@ pub enum DatasetSpec {
     },
 }
 
-/// Loads the tokenizer named by `--tokenizer` (`None`: pace's default model, fetched on first use).
+/// Loads the tokenizer named by `--tokenizer` (`None`: pace's default model, fetched on first use;
+/// `dummy:NAME`: the byte-level tokenizer `pace serve --model dummy:NAME` uses).
 pub fn load_tokenizer(path: Option<&Path>) -> Result<Tokenizer> {
+    if let Some(name) = path.and_then(|p| p.to_str()).and_then(|s| s.strip_prefix("dummy:")) {
+        let preset = name.split(':').next().unwrap_or(name);
+        let cfg = pace_models::config::LlamaConfig::preset(preset)?;
+        return Ok(Tokenizer::byte_level(cfg.vocab_size)?);
+    }
     let path = match path {
         Some(p) => p.to_path_buf(),
         None => pace_models::fetch::default_model_path().context("locating the default model for its tokenizer")?,

@@ -4,6 +4,7 @@ mod cli;
 mod engine;
 mod engine_bench;
 mod generate;
+mod gpu_check;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,9 @@ enum Command {
         #[command(subcommand)]
         cmd: pace_bench::BenchCommand,
     },
+    /// Check this binary on a GPU: CUDA kernels and model logits against the CPU, speed against
+    /// the GPU's measured ceilings (deploy/gpu-check.sh runs it part by part).
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 fn main() {
@@ -54,6 +58,7 @@ fn main() {
         Command::EngineBench(a) => engine_bench::run(a),
         Command::Sim(a) => pace_bench::sim_cmd::run(a),
         Command::Bench { cmd } => pace_bench::run(cmd),
+        Command::GpuCheck(a) => gpu_check::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
