@@ -35,7 +35,8 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Tokenizer that counts prompt tokens: a .gguf file, a Hugging Face model directory or a
-    /// tokenizer.json. Default: pace's default model (SmolLM2-135M-Instruct).
+    /// tokenizer.json, or dummy:NAME for `--model dummy:NAME` servers. Default: pace's default
+    /// model (SmolLM2-135M-Instruct).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// API endpoint; chat sends the prompt as one user message.
@@ -175,8 +176,9 @@ pub struct SweepArgs {
 /// `pace bench ab`.
 #[derive(Debug, Clone, Args)]
 pub struct AbArgs {
-    /// Servers to compare (comma separated base URLs).
-    #[arg(long, value_delimiter = ',', required_unless_present = "scheduler", conflicts_with = "scheduler")]
+    /// Servers to compare (comma separated base URLs). With --scheduler too, these run first
+    /// (keep them idle while the started servers run: they share the machine).
+    #[arg(long, value_delimiter = ',', required_unless_present = "scheduler")]
     pub base_urls: Vec<String>,
     /// Names of the --base-urls in the report (default: the URLs).
     #[arg(long, value_delimiter = ',')]
@@ -434,13 +436,12 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
     let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-ab-{}", date())));
     let client = http_client(256)?;
     let mut series: Vec<(String, Vec<PointSummary>)> = Vec::new();
-    if a.scheduler.is_empty() {
-        for (i, url) in a.base_urls.iter().enumerate() {
-            let label = a.labels.get(i).cloned().unwrap_or_else(|| url.clone());
-            let t = target(&client, &label, url, w).await?;
-            series.push((label, run_series(&client, &t, &spec, &dir).await?));
-        }
-    } else {
+    for (i, url) in a.base_urls.iter().enumerate() {
+        let label = a.labels.get(i).cloned().unwrap_or_else(|| url.clone());
+        let t = target(&client, &label, url, w).await?;
+        series.push((label, run_series(&client, &t, &spec, &dir).await?));
+    }
+    if !a.scheduler.is_empty() {
         let bin = match &a.pace_bin {
             Some(b) => b.clone(),
             None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
