@@ -21,6 +21,7 @@ PACE=${PACE:-target/release/pace}
 MODEL=${MODEL:-${PACE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/pace}/SmolLM2-135M-Instruct.Q4_1.gguf}
 CONC=${CONC:-4,16,64}
 OUT=${OUT:-$(mktemp -d -t pace-vs-llama.XXXXXX)}
+mkdir -p "$OUT"
 [ -x "$LLAMA_DIR/bin/llama-bench" ] || { echo "build llama.cpp first (tools/build-llama-cpp.sh $LLAMA_DIR)" >&2; exit 1; }
 [ -f "$MODEL" ] || "$PACE" generate --prompt hi --max-tokens 1 >/dev/null 2>&1 || true
 median() { python3 -c 'import sys,statistics; v=[float(x) for x in sys.argv[1:]]; print(statistics.median(v))' "$@"; }
@@ -34,13 +35,14 @@ declare -A L_AGG L_RSS
 for n in ${CONC//,/ }; do
   echo "== llama-server -np $n" >&2
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$LLAMA_DIR/bin/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$port" -np "$n" -c $((n * 640)) -t "$THREADS" --no-webui \
+  "$LLAMA_DIR/bin/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$port" -np "$n" -c $((n * (512 + (n * 4 > 64 ? n * 4 : 64) + 64))) -t "$THREADS" --no-webui \
     > "$OUT/llama-server-$n.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
   vals=()
   for r in $(seq 1 "$REPS"); do
-    vals+=("$(python3 benches/scripts/llama_server_decode.py "http://127.0.0.1:$port" "$n" 512 64 "$r$n" | python3 -c 'import json,sys; print(json.load(sys.stdin)["aggregate_decode_tok_s"])')")
+    gen=$(( n * 4 > 64 ? n * 4 : 64 ))  # as pace engine-bench: the first streams still decode when the last starts
+    vals+=("$(python3 benches/scripts/llama_server_decode.py "http://127.0.0.1:$port" "$n" 512 "$gen" "$r$n" | python3 -c 'import json,sys; print(json.load(sys.stdin)["aggregate_decode_tok_s"])')")
   done
   L_AGG[$n]=$(median "${vals[@]}")
   L_RSS[$n]=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")

@@ -38,7 +38,7 @@ pub struct EngineBenchArgs {
     /// Prompt tokens per stream in the aggregate decode test.
     #[arg(long, default_value_t = 512)]
     pub context: usize,
-    /// Tokens generated per stream in the aggregate decode test.
+    /// Tokens generated per stream in the aggregate decode test (at least 4 x the streams).
     #[arg(long, default_value_t = 64)]
     pub agg_gen: usize,
     /// Repetitions of the prefill and decode tests (the median is reported).
@@ -140,7 +140,9 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     }
     let mut agg = Vec::new();
     for &n in &args.concurrency {
-        let times = b.run(&vec![args.context; n], args.agg_gen)?;
+        // Long enough that the first streams are still decoding when the last one starts.
+        let gen = args.agg_gen.max(4 * n);
+        let times = b.run(&vec![args.context; n], gen)?;
         let start = times.iter().map(|t| t[0]).fold(f64::MIN, f64::max);
         let end = times.iter().map(|t| t[t.len() - 1]).fold(f64::MAX, f64::min);
         let in_window: usize = times.iter().map(|t| t.iter().filter(|&&x| x > start && x <= end).count()).sum();
