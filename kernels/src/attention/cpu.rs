@@ -288,6 +288,17 @@ mod avx2 {
                     }
                     let nk = bs.min(vis - base);
                     let qp = q.as_ptr().add(row * d);
+                    if d == 64 {
+                        // The same operations in the same order as below, with the query row and
+                        // the accumulator held in registers.
+                        let bmax = scores_64(qp, kf.as_ptr(), nk, scale_v, scale, scores);
+                        let m_new = m[r].max(bmax);
+                        let alpha = exp1(m[r] - m_new);
+                        m[r] = m_new;
+                        l[r] = l[r] * alpha + exp_scores(scores, nk, m_new);
+                        accumulate_64(acc.as_mut_ptr().add(r * d), alpha, &scores[..nk], vf.as_ptr());
+                        continue;
+                    }
                     let dot = |j: usize| -> __m256 {
                         let k = kf.as_ptr().add(j * d);
                         let mut a = _mm256_setzero_ps();
@@ -369,5 +380,80 @@ mod avx2 {
                 }
             }
         });
+    }
+
+    /// Scores of one block's `nk` keys (f32 rows of 64 in `kf`) against one query row of 64,
+    /// into `scores`; returns their maximum. Each score is the same chain of eight FMAs, then
+    /// the same horizontal sum, as the generic path: only the loads differ (the query row stays
+    /// in registers instead of being reloaded for every key).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_64(qp: *const f32, kf: *const f32, nk: usize, scale_v: __m256, scale: f32, scores: &mut [f32]) -> f32 {
+        let qv: [__m256; 8] = std::array::from_fn(|c| _mm256_loadu_ps(qp.add(8 * c)));
+        let dot = |j: usize| -> __m256 {
+            let k = kf.add(j * 64);
+            let mut a = _mm256_setzero_ps();
+            for (c, qc) in qv.iter().enumerate() {
+                a = _mm256_fmadd_ps(*qc, _mm256_loadu_ps(k.add(8 * c)), a);
+            }
+            a
+        };
+        let mut bmax = f32::NEG_INFINITY;
+        let mut j = 0;
+        while j + 8 <= nk {
+            let sv = _mm256_mul_ps(hsum8(std::array::from_fn(|x| dot(j + x))), scale_v);
+            _mm256_storeu_ps(scores.as_mut_ptr().add(j), sv);
+            bmax = bmax.max(hmax(sv));
+            j += 8;
+        }
+        while j < nk {
+            let s = hsum(dot(j)) * scale;
+            scores[j] = s;
+            bmax = bmax.max(s);
+            j += 1;
+        }
+        bmax
+    }
+
+    /// Replaces `scores[..nk]` by `exp(score - m)` and returns their sum (as the generic path).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp_scores(scores: &mut [f32], nk: usize, m: f32) -> f32 {
+        let mb = _mm256_set1_ps(m);
+        let mut sumv = _mm256_setzero_ps();
+        let mut j = 0;
+        while j + 8 <= nk {
+            let e = crate::simd::exp(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), mb));
+            sumv = _mm256_add_ps(sumv, e);
+            _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
+            j += 8;
+        }
+        let mut sum = hsum(sumv);
+        while j < nk {
+            let e = exp1(scores[j] - m);
+            scores[j] = e;
+            sum += e;
+            j += 1;
+        }
+        sum
+    }
+
+    /// `acc = acc * alpha + sum_j p[j] * v[j]` over one row of 64, keys in order (each element
+    /// sees the same FMAs in the same order as the generic path), the row held in registers.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn accumulate_64(acc: *mut f32, alpha: f32, p: &[f32], vf: *const f32) {
+        let av = _mm256_set1_ps(alpha);
+        let mut a: [__m256; 8] = std::array::from_fn(|c| _mm256_mul_ps(_mm256_loadu_ps(acc.add(8 * c)), av));
+        for (jj, &pj) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pj);
+            let v = vf.add(jj * 64);
+            for (c, ac) in a.iter_mut().enumerate() {
+                *ac = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.add(8 * c)), *ac);
+            }
+        }
+        for (c, ac) in a.iter().enumerate() {
+            _mm256_storeu_ps(acc.add(8 * c), *ac);
+        }
     }
 }
