@@ -29,9 +29,11 @@ SLO="ttft:5000 tpot:100"
 mkdir -p "$OUT"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-# 16 slots of 256 + 128 tokens, with room for the chat-free completion's BOS and rounding.
+# 16 slots of 256 + 128 tokens, with room for the BOS and rounding. No prompt cache: every load
+# replays the same seeded prompts, which llama-server would otherwise find in its slots and not
+# prefill again (pace has no prefix cache yet).
 "$LLAMA_DIR/bin/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$port" -np 16 -c $((16 * 448)) \
-  -t "$THREADS" --no-webui >"$OUT/llama-server.log" 2>&1 &
+  -t "$THREADS" --no-webui --no-cache-prompt >"$OUT/llama-server.log" 2>&1 &
 lpid=$!
 trap 'kill $lpid 2>/dev/null || true' EXIT
 for _ in $(seq 120); do
