@@ -44,57 +44,62 @@ pub fn presets() -> Vec<Preset> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// cpu-smollm2: SmolLM2 on this project's 2-core CPU machines.
+// cpu-smollm2: SmolLM2-135M-Instruct (Q4_1 GGUF) on this project's 2-core CPU machines (AMD EPYC,
+// AVX2), as `pace serve` runs it by default.
 //
-// PLACEHOLDER NUMBERS, to be refit from measured engine steps once the CPU engine runs:
-// step = 6 ms + 0.9 ms per decode sequence + 1.6 ms per prefill token + 2e-6 s per KV token
-// attended; KV capacity about 12,000 tokens at block size 16.
+// Fitted from measured engine steps: each `pace serve` start-up times a grid of real steps
+// (prefill chunks, decode batches, context lengths) and fits the cost model by least squares.
+// Three start-ups of the release build on a quiet machine (2026-11-30, commit 903e363, the
+// servers of docs/bench/ab-cpu-smollm2) gave, median of each coefficient:
+//   base 6.70 ms (6.41, 6.70, 9.14), prefill token 1.742 ms (1.733, 1.742, 1.758),
+//   decode sequence 1.798 ms (1.672, 1.798, 1.820), KV token attended 4.98 us (4.88, 4.98, 4.98),
+//   prefill attention pair 0.98 us (0.83, 0.98, 1.17).
+// Budgets and KV capacity are pace serve's CPU defaults: 512 tokens and 256 sequences per step,
+// a 2 GiB f16 KV cache = 2 GiB / (16 tokens * 23,040 B) = 5,825 blocks of 16 (one is the null
+// block). The default workload and SLO are the serving benchmark's: 256 prompt tokens, 128 output
+// tokens, ttft:5000 tpot:100.
 // ---------------------------------------------------------------------------------------------
 /// Per-step overhead, seconds.
-pub const CPU_BASE_S: f64 = 0.006;
+pub const CPU_BASE_S: f64 = 0.00670;
 /// Per decode sequence, seconds.
-pub const CPU_PER_DECODE_S: f64 = 0.0009;
+pub const CPU_PER_DECODE_S: f64 = 0.001798;
 /// Per prefill token, seconds.
-pub const CPU_PER_PREFILL_TOKEN_S: f64 = 0.0016;
+pub const CPU_PER_PREFILL_TOKEN_S: f64 = 0.001742;
 /// Per KV token attended, seconds.
-pub const CPU_PER_KV_TOKEN_S: f64 = 2e-6;
-/// KV capacity, tokens.
-pub const CPU_KV_TOKENS: usize = 12_000;
+pub const CPU_PER_KV_TOKEN_S: f64 = 4.98e-6;
+/// Per (query, key) pair of prefill attention, seconds.
+pub const CPU_PER_ATTN_PAIR_S: f64 = 0.98e-6;
+/// KV cache blocks of 16 tokens, the null block included.
+pub const CPU_KV_BLOCKS: usize = 5_825;
 
 fn cpu_smollm2() -> Preset {
-    let block_size = 16;
+    let cost = CostCoeffs {
+        base_s: CPU_BASE_S,
+        per_prefill_token_s: CPU_PER_PREFILL_TOKEN_S,
+        per_decode_seq_s: CPU_PER_DECODE_S,
+        per_kv_token_s: CPU_PER_KV_TOKEN_S,
+        per_attn_pair_s: CPU_PER_ATTN_PAIR_S,
+    };
     Preset {
         name: "cpu-smollm2",
-        description: "SmolLM2 on 2 CPU cores (placeholder costs, to be refit from measured steps)",
-        true_cost: CostCoeffs {
-            base_s: CPU_BASE_S,
-            per_prefill_token_s: CPU_PER_PREFILL_TOKEN_S,
-            per_decode_seq_s: CPU_PER_DECODE_S,
-            per_kv_token_s: CPU_PER_KV_TOKEN_S,
-            per_attn_pair_s: 0.0,
-        },
+        description: "SmolLM2-135M Q4_1 on 2 CPU cores (costs fitted from measured steps)",
+        true_cost: cost,
         config: SchedulerConfig {
-            block_size,
-            num_kv_blocks: CPU_KV_TOKENS / block_size + 1,
-            max_num_seqs: 32,
+            block_size: 16,
+            num_kv_blocks: CPU_KV_BLOCKS,
+            max_num_seqs: 256,
             max_batch_tokens: 512,
-            max_model_len: 2048,
+            max_model_len: 8192,
             max_queue_requests: 100_000,
             max_queue_tokens: usize::MAX / 2,
-            slo: SloParams { binary: "ttft:3000 tpot:150".parse().expect("valid"), ..SloParams::default() },
-            cost_prior: CostCoeffs {
-                base_s: CPU_BASE_S,
-                per_prefill_token_s: CPU_PER_PREFILL_TOKEN_S,
-                per_decode_seq_s: CPU_PER_DECODE_S,
-                per_kv_token_s: CPU_PER_KV_TOKEN_S,
-                per_attn_pair_s: 0.0,
-            },
+            slo: SloParams { binary: "ttft:5000 tpot:100".parse().expect("valid"), ..SloParams::default() },
+            cost_prior: cost,
         },
         workload: WorkloadSpec {
             arrivals: Arrivals::Poisson,
-            lengths: LengthSource::Synthetic { input: Lengths::Uniform(16, 256), output: Lengths::Uniform(16, 256) },
+            lengths: LengthSource::Synthetic { input: Lengths::Fixed(256), output: Lengths::Fixed(128) },
         },
-        goodput: "ttft:3000 tpot:150",
+        goodput: "ttft:5000 tpot:100",
     }
 }
 
@@ -174,7 +179,7 @@ mod tests {
         assert!((c.per_prefill_token_s - 33.9e-6).abs() < 0.2e-6);
         assert!((c.per_kv_token_s - 30.5e-9).abs() < 0.2e-9);
         assert_eq!(h200_llama3_8b().config.num_kv_blocks, 57_221);
-        assert_eq!(cpu_smollm2().config.num_kv_blocks, 751);
+        assert_eq!(cpu_smollm2().config.num_kv_blocks, ((2u64 << 30) / (16 * 23_040)) as usize);
         assert!(PRESET_NAMES.iter().all(|n| preset(n).is_some_and(|p| p.name == *n)));
     }
 }
