@@ -50,9 +50,12 @@ for n in ${CONC//,/ }; do
 done
 
 echo "== pace engine-bench x $REPS" >&2
+# pace's KV cache holds what llama-server's context holds at the largest -np (no preemption).
+n_max=0; for n in ${CONC//,/ }; do [ "$n" -gt "$n_max" ] && n_max=$n; done
+KV_BLOCKS=$(( (n_max * (512 + (n_max * 4 > 64 ? n_max * 4 : 64) + 64) + 15) / 16 + 1 ))
 P_PP=(); P_TG=(); declare -A P_AGG_V; P_RSS=0
 for r in $(seq 1 "$REPS"); do
-  "$PACE" engine-bench --threads "$THREADS" --reps 3 --concurrency "$CONC" --kv-cache-memory 1GiB --json > "$OUT/pace-$r.json" 2>"$OUT/pace-$r.log"
+  "$PACE" engine-bench --threads "$THREADS" --reps 3 --concurrency "$CONC" --kv-cache-blocks "$KV_BLOCKS" --json > "$OUT/pace-$r.json" 2>"$OUT/pace-$r.log"
   P_PP+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill_tok_s"])' "$OUT/pace-$r.json")")
   P_TG+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["decode_tok_s"])' "$OUT/pace-$r.json")")
   for n in ${CONC//,/ }; do
@@ -73,5 +76,5 @@ for n in ${CONC//,/ }; do
   printf '| aggregate decode tok/s, %s streams x 512 context (llama-server -np %s) | %.1f | %.1f | %s |\n' "$n" "$n" "${L_AGG[$n]}" "$a" "$(ratio "$a" "${L_AGG[$n]}")"
 done
 max_l=0; for n in ${CONC//,/ }; do [ "${L_RSS[$n]}" -gt "$max_l" ] && max_l=${L_RSS[$n]}; done
-printf '| peak RSS (llama-server at the largest -np; pace engine-bench with a 1 GiB KV cache) | %d MiB | %d MiB | |\n' $((max_l / 1024)) $((P_RSS / 1024))
+printf '| peak RSS (llama-server at the largest -np; pace engine-bench with a KV cache of the same tokens) | %d MiB | %d MiB | |\n' $((max_l / 1024)) $((P_RSS / 1024))
 echo "(raw outputs in $OUT)"
