@@ -334,23 +334,7 @@ mod avx2 {
                     let m_new = m[r].max(bmax);
                     let alpha = exp1(m[r] - m_new);
                     m[r] = m_new;
-                    let mb = _mm256_set1_ps(m_new);
-                    let mut sumv = _mm256_setzero_ps();
-                    let mut j = 0;
-                    while j + 8 <= nk {
-                        let e = crate::simd::exp(_mm256_sub_ps(_mm256_loadu_ps(scores.as_ptr().add(j)), mb));
-                        sumv = _mm256_add_ps(sumv, e);
-                        _mm256_storeu_ps(scores.as_mut_ptr().add(j), e);
-                        j += 8;
-                    }
-                    let mut bsum = hsum(sumv);
-                    while j < nk {
-                        let e = exp1(scores[j] - m_new);
-                        scores[j] = e;
-                        bsum += e;
-                        j += 1;
-                    }
-                    l[r] = l[r] * alpha + bsum;
+                    l[r] = l[r] * alpha + exp_scores(scores, nk, m_new);
                     let a = acc.as_mut_ptr().add(r * d);
                     let av = _mm256_set1_ps(alpha);
                     let mut i = 0;
@@ -415,7 +399,7 @@ mod avx2 {
         bmax
     }
 
-    /// Replaces `scores[..nk]` by `exp(score - m)` and returns their sum (as the generic path).
+    /// Replaces `scores[..nk]` by `exp(score - m)` and returns their sum.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn exp_scores(scores: &mut [f32], nk: usize, m: f32) -> f32 {
