@@ -77,16 +77,12 @@ pub(super) unsafe fn unpack_q4(qs: *const u8, row_stride: usize, rows: usize, nb
 }
 
 /// Shared arguments of a tile call.
-pub(super) struct Tile<'a> {
+pub(super) struct Tile {
     /// Weights of the tile's first row; rows follow at `row_stride` bytes. Q4: packed nibbles
     /// (16 bytes a block) or, when `UNPACKED`, one byte per weight (32 bytes a block). Q8: 32
     /// signed bytes a block.
     pub qs: *const u8,
     pub row_stride: usize,
-    /// f32 scales (and offsets for Q4) of the tile's rows, `ns` per row, zero past `nb`
-    /// (converted once per row tile when the weights are unpacked; empty otherwise).
-    pub dw: &'a [f32],
-    pub mw: &'a [f32],
     /// The matrix's own f16 scales (and offsets) from the tile's first row, `nb` per row,
     /// padded at the end so eight can be loaded from any block (read when packed).
     pub wd: *const half::f16,
@@ -129,17 +125,17 @@ unsafe fn load_scales8(p: *const half::f16, n: usize) -> __m256 {
     _mm256_cvtph_ps(v)
 }
 
-/// Scale products `dw[r][b] * xd[c][b]` for the (up to) eight blocks from `b0`: from the f32
-/// scratch when `SCRATCH`, else converted here from the matrix's f16 scales.
+/// Scale products `dw[r][b] * xd[c][b]` for the (up to) eight blocks from `b0`, the weights'
+/// scales converted here from the matrix's f16 scales.
 #[inline(always)]
-unsafe fn scale_products<const R: usize, const C: usize, const SCRATCH: bool>(
-    t: &Tile<'_>,
+unsafe fn scale_products<const R: usize, const C: usize>(
+    t: &Tile,
     b0: usize,
     n: usize,
     sc: &mut [[[f32; 8]; C]; R],
 ) {
     for (r, scr) in sc.iter_mut().enumerate() {
-        let dw = if SCRATCH { _mm256_loadu_ps(t.dw.as_ptr().add(r * t.ns + b0)) } else { load_scales8(t.wd.add(r * t.nb + b0), n) };
+        let dw = load_scales8(t.wd.add(r * t.nb + b0), n);
         for (c, s) in scr.iter_mut().enumerate() {
             let dx = _mm256_loadu_ps(t.xd.add(c * t.ns + b0));
             _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(dw, dx));
@@ -147,56 +143,35 @@ unsafe fn scale_products<const R: usize, const C: usize, const SCRATCH: bool>(
     }
 }
 
-/// Converts `nr` rows of f16 scales (`nb` per row, rows `nb` apart) to f32 rows of `ns`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn convert_scales(src: &[half::f16], nb: usize, ns: usize, nr: usize, dst: &mut [f32]) {
-    for r in 0..nr {
-        let row = &src[r * nb..(r + 1) * nb];
-        let out = dst.as_mut_ptr().add(r * ns);
-        let mut b = 0;
-        while b + 8 <= nb {
-            _mm256_storeu_ps(out.add(b), _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(b) as *const __m128i)));
-            b += 8;
-        }
-        if b < nb {
-            let mut h = [half::f16::ZERO; 8];
-            h[..nb - b].copy_from_slice(&row[b..]);
-            _mm256_storeu_ps(out.add(b), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i)));
-        }
-    }
-}
-
-/// Reduces each accumulator to its sum, adds `extra` (the Q4 offset terms, or zero), and writes
-/// tile output (r, c). Sums go through [`hsum8`], whose per-vector order does not depend on the
-/// other vectors, so every tile shape rounds alike.
+/// Reduces each accumulator to its sum and writes tile output (r, c). Sums go through [`hsum8`],
+/// whose per-vector order does not depend on the other vectors, so every tile shape rounds alike.
 #[inline(always)]
-unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile<'_>, acc: &[[__m256; C]; R], extra: &[[__m256; C]; R]) {
+unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile, acc: &[[__m256; C]; R]) {
     let mut flat = [_mm256_setzero_ps(); 16];
-    let mut off = [_mm256_setzero_ps(); 16];
     for r in 0..R {
         for c in 0..C {
             flat[r * C + c] = acc[r][c];
-            off[r * C + c] = extra[r][c];
         }
     }
     let mut sums = [0f32; 16];
-    let mut offs = [0f32; 16];
     for g in 0..(R * C).div_ceil(8) {
         let v: [__m256; 8] = std::array::from_fn(|i| flat[g * 8 + i]);
-        let o: [__m256; 8] = std::array::from_fn(|i| off[g * 8 + i]);
         _mm256_storeu_ps(sums.as_mut_ptr().add(g * 8), hsum8(v));
-        _mm256_storeu_ps(offs.as_mut_ptr().add(g * 8), hsum8(o));
     }
     for r in 0..R {
         for c in 0..C {
-            *t.y.add(c * t.ldy + r) = sums[r * C + c] + offs[r * C + c];
+            *t.y.add(c * t.ldy + r) = sums[r * C + c];
         }
     }
 }
 
 /// Q4 weights: `R` rows by `C` tokens.
+///
+/// The offset terms `m * d_x * Σq_x` of eight blocks go into the same accumulators as their dot
+/// products, one FMA per (row, token) per eight blocks: an accumulator's lanes are summed at the
+/// end anyway, and a second set of accumulators would not fit in the sixteen registers.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile<'_>) {
+pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile) {
     let nb = t.nb;
     let mask = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -205,7 +180,14 @@ pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: boo
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(8);
-        scale_products::<R, C, UNPACKED>(t, b0, n, &mut sc);
+        scale_products::<R, C>(t, b0, n, &mut sc);
+        // Offsets of these blocks (zero past nb in both operands).
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let m = load_scales8(t.wm.add(r * nb + b0), n);
+            for (c, a) in ar.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs.add(c * t.ns + b0)), *a);
+            }
+        }
         for j in 0..n {
             let b = b0 + j;
             for r in 0..R {
@@ -226,24 +208,12 @@ pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: boo
         }
         b0 += n;
     }
-    // Offset terms m * d_x * Σq_x, eight blocks at a time (zero past nb), after the main loop
-    // so they take no registers from it.
-    let mut off = [[_mm256_setzero_ps(); C]; R];
-    for b0 in (0..t.ns).step_by(8) {
-        let n = nb.saturating_sub(b0).min(8);
-        for (r, o) in off.iter_mut().enumerate() {
-            let m = if UNPACKED { _mm256_loadu_ps(t.mw.as_ptr().add(r * t.ns + b0)) } else { load_scales8(t.wm.add(r * nb + b0), n) };
-            for (c, oc) in o.iter_mut().enumerate() {
-                *oc = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs.add(c * t.ns + b0)), *oc);
-            }
-        }
-    }
-    store_tile(t, &acc, &off);
+    store_tile(t, &acc);
 }
 
 /// Q8 weights: `R` rows by `C` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
+pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile) {
     let nb = t.nb;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
@@ -251,7 +221,7 @@ pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
     let mut b0 = 0;
     while b0 < nb {
         let n = (nb - b0).min(8);
-        scale_products::<R, C, false>(t, b0, n, &mut sc);
+        scale_products::<R, C>(t, b0, n, &mut sc);
         for j in 0..n {
             let b = b0 + j;
             for r in 0..R {
@@ -267,5 +237,5 @@ pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile<'_>) {
         }
         b0 += n;
     }
-    store_tile(t, &acc, &[[_mm256_setzero_ps(); C]; R]);
+    store_tile(t, &acc);
 }

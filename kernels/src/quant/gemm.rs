@@ -125,9 +125,9 @@ fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: 
                 let unpack = w.format == QFormat::Q4 && t1 - t0 > TOKENS && super::avx2_available();
                 for rt in (r0..r1).step_by(rows) {
                     let nr = rows.min(r1 - rt);
-                    // The portable kernels and the unpacked path read f32 scales from scratch;
-                    // the packed AVX2 path converts them in registers.
-                    if unpack || !super::avx2_available() {
+                    // The portable kernels read f32 scales from scratch; the AVX2 kernels
+                    // convert the matrix's f16 scales in registers.
+                    if !super::avx2_available() {
                         convert_scales(w, rt, nr, dw, mw);
                     }
                     let weights = if unpack {
@@ -147,28 +147,15 @@ fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: 
     });
 }
 
-/// Scales (and offsets) of rows `r..r+nr` as f32, `padded_blocks(nb)` per row.
+/// Scales (and offsets) of rows `r..r+nr` as f32, `padded_blocks(nb)` per row (portable path).
 fn convert_scales(w: &QuantMatrix, r: usize, nr: usize, dw: &mut [f32], mw: &mut [f32]) {
     let nb = w.blocks_per_row();
     let ns = super::act::padded_blocks(nb);
-    let d = &w.d[r * nb..(r + nr) * nb];
-    let m = if w.format == QFormat::Q4 { &w.m[r * nb..(r + nr) * nb] } else { &[][..] };
-    #[cfg(target_arch = "x86_64")]
-    if super::avx2_available() {
-        // SAFETY: features detected at run time; dw and mw hold ROWS * ns values.
-        unsafe {
-            super::avx2::convert_scales(d, nb, ns, nr, dw);
-            if !m.is_empty() {
-                super::avx2::convert_scales(m, nb, ns, nr, mw);
-            }
-        }
-        return;
-    }
     for i in 0..nr {
         for b in 0..nb {
-            dw[i * ns + b] = d[i * nb + b].to_f32();
-            if !m.is_empty() {
-                mw[i * ns + b] = m[i * nb + b].to_f32();
+            dw[i * ns + b] = w.d[(r + i) * nb + b].to_f32();
+            if w.format == QFormat::Q4 {
+                mw[i * ns + b] = w.m[(r + i) * nb + b].to_f32();
             }
         }
     }
@@ -222,8 +209,6 @@ fn run_tile(
         let t = Tile {
             qs,
             row_stride,
-            dw,
-            mw,
             wd: w.d[r * nb..].as_ptr(),
             wm: if w.format == QFormat::Q4 { w.m[r * nb..].as_ptr() } else { std::ptr::null() },
             nb,
