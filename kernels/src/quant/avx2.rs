@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::gemm::TOKENS;
 use super::QK;
 use crate::simd::hsum8;
 
@@ -77,6 +78,7 @@ pub(super) unsafe fn unpack_q4(qs: *const u8, row_stride: usize, rows: usize, nb
 }
 
 /// Shared arguments of a tile call.
+#[derive(Clone, Copy)]
 pub(super) struct Tile {
     /// Weights of the tile's first row; rows follow at `row_stride` bytes. Q4: packed nibbles
     /// (16 bytes a block) or, when `UNPACKED`, one byte per weight (32 bytes a block). Q8: 32
@@ -165,13 +167,55 @@ unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile, acc: &[[__m256; C
     }
 }
 
+impl Tile {
+    /// The same rows, from `c` tokens further on.
+    #[inline(always)]
+    unsafe fn at(&self, c: usize) -> Tile {
+        Tile {
+            xq: self.xq.add(c * self.k),
+            xd: self.xd.add(c * self.ns),
+            xs: self.xs.add(c * self.ns),
+            y: self.y.add(c * self.ldy),
+            ..*self
+        }
+    }
+}
+
+/// `R` rows of Q4 weights against `ntok` tokens, [`TOKENS`] at a time (one call per row tile,
+/// so the tiles of a row tile share one set-up).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_rows<const R: usize, const UNPACKED: bool>(t: &Tile, ntok: usize) {
+    let mut c = 0;
+    while c + TOKENS <= ntok {
+        q4_tile::<R, TOKENS, UNPACKED>(&t.at(c));
+        c += TOKENS;
+    }
+    if c < ntok {
+        q4_tile::<R, 1, UNPACKED>(&t.at(c));
+    }
+}
+
+/// `R` rows of Q8 weights against `ntok` tokens, as [`q4_rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_rows<const R: usize>(t: &Tile, ntok: usize) {
+    let mut c = 0;
+    while c + TOKENS <= ntok {
+        q8_tile::<R, TOKENS>(&t.at(c));
+        c += TOKENS;
+    }
+    if c < ntok {
+        q8_tile::<R, 1>(&t.at(c));
+    }
+}
+
 /// Q4 weights: `R` rows by `C` tokens.
 ///
 /// The offset terms `m * d_x * Σq_x` of eight blocks go into the same accumulators as their dot
 /// products, one FMA per (row, token) per eight blocks: an accumulator's lanes are summed at the
 /// end anyway, and a second set of accumulators would not fit in the sixteen registers.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile) {
+unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile) {
     let nb = t.nb;
     let mask = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -212,8 +256,9 @@ pub(super) unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: boo
 }
 
 /// Q8 weights: `R` rows by `C` tokens.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile) {
+unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile) {
     let nb = t.nb;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];

@@ -19,7 +19,7 @@ const ROWS: usize = 4;
 /// hide memory latency, and there is no token dimension to spend registers on.
 const ROWS_GEMV: usize = 4;
 /// Tokens per tile.
-const TOKENS: usize = 2;
+pub(super) const TOKENS: usize = 2;
 /// Tokens whose activations are processed together (kept in L2).
 const TOKEN_CHUNK: usize = 96;
 /// Work chunks per thread, for load balance under contention.
@@ -137,10 +137,7 @@ fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: 
                     } else {
                         Weights::Packed
                     };
-                    for tt in (t0..t1).step_by(TOKENS) {
-                        let nc = TOKENS.min(t1 - tt);
-                        run_tile(w, acts, rt, nr, tt, nc, dw, mw, weights, y);
-                    }
+                    run_tiles(w, acts, rt, nr, t0, t1 - t0, dw, mw, weights, y);
                 }
             }
         })
@@ -181,14 +178,15 @@ fn unpack_rows(w: &QuantMatrix, r: usize, nr: usize, out: &mut [u8]) {
     let _ = (w, r, nr, out);
 }
 
+/// Rows `r..r+nr` against tokens `tok..tok+ntok`.
 #[allow(clippy::too_many_arguments)]
-fn run_tile(
+fn run_tiles(
     w: &QuantMatrix,
     acts: &QuantizedActs,
     r: usize,
     nr: usize,
     tok: usize,
-    nc: usize,
+    ntok: usize,
     dw: &[f32],
     mw: &[f32],
     weights: Weights<'_>,
@@ -201,7 +199,7 @@ fn run_tile(
     };
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
-        use super::avx2::{q4_tile, q8_tile, Tile};
+        use super::avx2::{q4_rows, q8_rows, Tile};
         let (qs, row_stride) = match weights {
             Weights::Packed => (w.qs[r * row_stride..].as_ptr(), row_stride),
             Weights::Unpacked(u) => (u.as_ptr(), nb * QK),
@@ -227,38 +225,49 @@ fn run_tile(
                 // bounds of the weight, activation and output buffers (checked by the caller's
                 // shape asserts and the loop bounds).
                 unsafe {
-                    match (nr, nc) {
-                        (8, 1) => $f::<8, 1 $(, $u)?>(&t),
-                        (7, 1) => $f::<7, 1 $(, $u)?>(&t),
-                        (6, 1) => $f::<6, 1 $(, $u)?>(&t),
-                        (5, 1) => $f::<5, 1 $(, $u)?>(&t),
-                        (4, 4) => $f::<4, 4 $(, $u)?>(&t),
-                        (4, 3) => $f::<4, 3 $(, $u)?>(&t),
-                        (4, 2) => $f::<4, 2 $(, $u)?>(&t),
-                        (4, 1) => $f::<4, 1 $(, $u)?>(&t),
-                        (3, 4) => $f::<3, 4 $(, $u)?>(&t),
-                        (3, 3) => $f::<3, 3 $(, $u)?>(&t),
-                        (3, 2) => $f::<3, 2 $(, $u)?>(&t),
-                        (3, 1) => $f::<3, 1 $(, $u)?>(&t),
-                        (2, 4) => $f::<2, 4 $(, $u)?>(&t),
-                        (2, 3) => $f::<2, 3 $(, $u)?>(&t),
-                        (2, 2) => $f::<2, 2 $(, $u)?>(&t),
-                        (2, 1) => $f::<2, 1 $(, $u)?>(&t),
-                        (1, 4) => $f::<1, 4 $(, $u)?>(&t),
-                        (1, 3) => $f::<1, 3 $(, $u)?>(&t),
-                        (1, 2) => $f::<1, 2 $(, $u)?>(&t),
-                        _ => $f::<1, 1 $(, $u)?>(&t),
+                    match nr {
+                        8 => $f::<8 $(, $u)?>(&t, ntok),
+                        7 => $f::<7 $(, $u)?>(&t, ntok),
+                        6 => $f::<6 $(, $u)?>(&t, ntok),
+                        5 => $f::<5 $(, $u)?>(&t, ntok),
+                        4 => $f::<4 $(, $u)?>(&t, ntok),
+                        3 => $f::<3 $(, $u)?>(&t, ntok),
+                        2 => $f::<2 $(, $u)?>(&t, ntok),
+                        _ => $f::<1 $(, $u)?>(&t, ntok),
                     }
                 }
             };
         }
         match (w.format, weights) {
-            (QFormat::Q4, Weights::Packed) => dispatch!(q4_tile, false),
-            (QFormat::Q4, Weights::Unpacked(_)) => dispatch!(q4_tile, true),
-            (QFormat::Q8, _) => dispatch!(q8_tile),
+            (QFormat::Q4, Weights::Packed) => dispatch!(q4_rows, false),
+            (QFormat::Q4, Weights::Unpacked(_)) => dispatch!(q4_rows, true),
+            (QFormat::Q8, _) => dispatch!(q8_rows),
         }
         return;
     }
+    for tt in (tok..tok + ntok).step_by(TOKENS) {
+        run_tile_portable(w, acts, r, nr, tt, TOKENS.min(tok + ntok - tt), dw, mw, y);
+    }
+}
+
+/// The portable kernels: `nr` rows against `nc` tokens from `tok`.
+#[allow(clippy::too_many_arguments)]
+fn run_tile_portable(
+    w: &QuantMatrix,
+    acts: &QuantizedActs,
+    r: usize,
+    nr: usize,
+    tok: usize,
+    nc: usize,
+    dw: &[f32],
+    mw: &[f32],
+    y: *mut f32,
+) {
+    let nb = w.blocks_per_row();
+    let row_stride = match w.format {
+        QFormat::Q4 => nb * QK / 2,
+        QFormat::Q8 => nb * QK,
+    };
     let t = super::scalar::Tile {
         qs: &w.qs[r * row_stride..],
         row_stride,
