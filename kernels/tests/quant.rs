@@ -114,22 +114,30 @@ fn matmul_matches_reference_for_every_format_and_odd_shapes() {
 #[test]
 fn matmul_is_bitwise_batch_and_thread_invariant() {
     let mut rng = StdRng::seed_from_u64(4);
-    let (rows, cols, t) = (67, 320, 23);
-    for format in [QFormat::Q4, QFormat::Q8] {
-        let w = QuantMatrix::quantize(format, &random(&mut rng, rows * cols, 1.0), rows, cols).unwrap();
-        let x = random(&mut rng, t * cols, 2.0);
-        let mut batched = vec![0f32; t * rows];
-        matmul(&w, &x, t, &mut batched);
-        for ti in 0..t {
-            let mut alone = vec![0f32; rows];
-            matmul(&w, &x[ti * cols..(ti + 1) * cols], 1, &mut alone);
-            assert_eq!(&batched[ti * rows..(ti + 1) * rows], &alone[..], "{format:?} token {ti}");
-        }
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            let mut y = vec![0f32; t * rows];
-            pool.install(|| matmul(&w, &x, t, &mut y));
-            assert_eq!(y, batched, "{format:?} with {threads} threads");
+    // An even and an odd number of blocks per row (Q4 pairs its blocks; an odd one goes alone).
+    for (rows, cols, t) in [(67, 320, 23), (29, 352, 9)] {
+        for format in [QFormat::Q4, QFormat::Q8] {
+            let w = QuantMatrix::quantize(format, &random(&mut rng, rows * cols, 1.0), rows, cols).unwrap();
+            let x = random(&mut rng, t * cols, 2.0);
+            let mut batched = vec![0f32; t * rows];
+            matmul(&w, &x, t, &mut batched);
+            // Alone (the matrix-vector path) and in twos (the packed two-token path).
+            for ti in 0..t {
+                let mut alone = vec![0f32; rows];
+                matmul(&w, &x[ti * cols..(ti + 1) * cols], 1, &mut alone);
+                assert_eq!(&batched[ti * rows..(ti + 1) * rows], &alone[..], "{format:?} {cols} cols, token {ti}");
+            }
+            for ti in (0..t - 1).step_by(2) {
+                let mut two = vec![0f32; 2 * rows];
+                matmul(&w, &x[ti * cols..(ti + 2) * cols], 2, &mut two);
+                assert_eq!(&batched[ti * rows..(ti + 2) * rows], &two[..], "{format:?} {cols} cols, tokens {ti}-{}", ti + 1);
+            }
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut y = vec![0f32; t * rows];
+                pool.install(|| matmul(&w, &x, t, &mut y));
+                assert_eq!(y, batched, "{format:?} {cols} cols, {threads} threads");
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use super::act::QuantizedActs;
 use super::{QFormat, QuantMatrix, QK};
 
 /// Rows per tile.
-const ROWS: usize = 4;
+const ROWS: usize = 3;
 /// Rows per tile when there is a single token (a matrix-vector product): more rows in flight
 /// hide memory latency, and there is no token dimension to spend registers on.
 const ROWS_GEMV: usize = 4;
@@ -46,6 +46,11 @@ pub fn matmul(w: &QuantMatrix, x: &[f32], t: usize, y: &mut [f32]) {
     ACTS.with(|acts| {
         let mut acts = acts.borrow_mut();
         quantize_parallel(&mut acts, x, t, w.cols);
+        #[cfg(target_arch = "x86_64")]
+        if w.format == QFormat::Q4 && super::avx2_available() {
+            // SAFETY: AVX2 detected; acts holds t x cols values.
+            unsafe { super::avx2::pair_acts(&mut acts.qs, t, w.cols) };
+        }
         matmul_quantized(w, &acts, y);
     });
 }
