@@ -269,7 +269,18 @@ mod avx2 {
                 let nk_max = bs.min(max_vis - base);
                 let blk = *table.get_unchecked(kb) as usize;
                 let src = (blk * h + g) * bs * d;
+                // Keys and values two blocks on, fetched a row at a time alongside this block's
+                // conversion: blocks lie anywhere in the pool, where the hardware prefetcher
+                // does not follow.
+                let ahead = if (kb + 2) * bs < max_vis { Some((*table.get_unchecked(kb + 2) as usize * h + g) * bs * d) } else { None };
+                let row_bytes = d * std::mem::size_of::<E>();
                 for j in 0..nk_max {
+                    if let Some(a) = ahead {
+                        for off in (0..row_bytes).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>((k_cache.as_ptr().add(a + j * d) as *const i8).add(off));
+                            _mm_prefetch::<_MM_HINT_T0>((v_cache.as_ptr().add(a + j * d) as *const i8).add(off));
+                        }
+                    }
                     let (ks, vs) = (k_cache.as_ptr().add(src + j * d), v_cache.as_ptr().add(src + j * d));
                     let mut i = 0;
                     while i < d8 {
