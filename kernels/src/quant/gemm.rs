@@ -18,6 +18,8 @@ const ROWS: usize = 3;
 /// Rows per tile when there is a single token (a matrix-vector product): more rows in flight
 /// hide memory latency, and there is no token dimension to spend registers on.
 const ROWS_GEMV: usize = 4;
+// The kernels are instantiated for row tiles of 1 to 4 (see `run_tiles`).
+const _: () = assert!(ROWS <= 4 && ROWS_GEMV <= 4);
 /// Tokens per tile.
 pub(super) const TOKENS: usize = 2;
 /// Tokens whose activations are processed together (kept in L2).
@@ -177,7 +179,7 @@ fn unpack_rows(w: &QuantMatrix, r: usize, nr: usize, out: &mut [u8]) {
     {
         let nb = w.blocks_per_row();
         // SAFETY: AVX2 checked by the caller; rows r..r+nr exist; out holds nr * nb * 32 bytes.
-        unsafe { super::avx2::unpack_q4(w.qs[r * nb * 16..].as_ptr(), nb * 16, nr, nb, out) };
+        unsafe { super::avx2::unpack_q4(w.qs[r * w.row_bytes()..].as_ptr(), w.row_bytes(), nr, nb, out) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (w, r, nr, out);
@@ -197,16 +199,12 @@ fn run_tiles(
     weights: Weights<'_>,
     y: *mut f32,
 ) {
-    let nb = w.blocks_per_row();
-    let row_stride = match w.format {
-        QFormat::Q4 => nb * QK / 2,
-        QFormat::Q8 => nb * QK,
-    };
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         use super::avx2::{q4_rows, q8_rows, Tile};
+        let nb = w.blocks_per_row();
         let (qs, row_stride) = match weights {
-            Weights::Packed => (w.qs[r * row_stride..].as_ptr(), row_stride),
+            Weights::Packed => (w.qs[r * w.row_bytes()..].as_ptr(), w.row_bytes()),
             Weights::Unpacked(u) => (u.as_ptr(), nb * QK),
         };
         let t = Tile {
@@ -231,10 +229,6 @@ fn run_tiles(
                 // shape asserts and the loop bounds).
                 unsafe {
                     match nr {
-                        8 => $f::<8 $(, $u)?>(&t, ntok),
-                        7 => $f::<7 $(, $u)?>(&t, ntok),
-                        6 => $f::<6 $(, $u)?>(&t, ntok),
-                        5 => $f::<5 $(, $u)?>(&t, ntok),
                         4 => $f::<4 $(, $u)?>(&t, ntok),
                         3 => $f::<3 $(, $u)?>(&t, ntok),
                         2 => $f::<2 $(, $u)?>(&t, ntok),
@@ -269,13 +263,9 @@ fn run_tile_portable(
     y: *mut f32,
 ) {
     let nb = w.blocks_per_row();
-    let row_stride = match w.format {
-        QFormat::Q4 => nb * QK / 2,
-        QFormat::Q8 => nb * QK,
-    };
     let t = super::scalar::Tile {
-        qs: &w.qs[r * row_stride..],
-        row_stride,
+        qs: &w.qs[r * w.row_bytes()..],
+        row_stride: w.row_bytes(),
         dw,
         mw,
         nb,

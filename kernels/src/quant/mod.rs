@@ -138,6 +138,14 @@ impl QuantMatrix {
         self.cols / QK
     }
 
+    /// Bytes of one row's weights in `qs` (16 a block for Q4, 32 for Q8).
+    pub(crate) fn row_bytes(&self) -> usize {
+        match self.format {
+            QFormat::Q4 => self.blocks_per_row() * QK / 2,
+            QFormat::Q8 => self.blocks_per_row() * QK,
+        }
+    }
+
     /// Bytes of weight data held.
     pub fn size_in_bytes(&self) -> usize {
         self.qs.len() + 2 * (self.d.len() + self.m.len())
