@@ -13,6 +13,7 @@
 //! - [`report`]: a run's metrics, vLLM-style table and result JSON.
 //! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG/PNG charts.
 //! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
+//! - [`provenance`]: command, commit, machine and date at the top of every report.
 //! - [`sim_cmd`]: `pace sim`.
 
 pub mod arrivals;
@@ -22,6 +23,7 @@ pub mod dataset;
 pub mod launch;
 pub mod load;
 pub mod plots;
+pub mod provenance;
 pub mod report;
 pub mod sim_cmd;
 pub mod sse;

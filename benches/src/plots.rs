@@ -38,12 +38,21 @@ pub const COLORS: [RGBColor; 6] = [
 ];
 
 /// One line: a target's values at each offered load.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Line {
     /// Legend text.
     pub label: String,
     /// `(offered load, value)`, in load order.
     pub points: Vec<(f64, f64)>,
+    /// Half-widths of the values' 95% intervals, drawn as error bars (empty: none).
+    pub errors: Vec<f64>,
+}
+
+impl Line {
+    /// A line without error bars.
+    pub fn new(label: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Self { label: label.into(), points, errors: Vec::new() }
+    }
 }
 
 /// A horizontal reference line (an SLO threshold).
@@ -70,6 +79,8 @@ pub struct Chart {
     pub lines: Vec<Line>,
     /// Optional SLO line.
     pub threshold: Option<Threshold>,
+    /// Optional ceiling: the best any scheduler could do at each load, drawn dashed.
+    pub ceiling: Option<Line>,
 }
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
@@ -83,11 +94,16 @@ where
 {
     register_fonts();
     let xs = chart.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
-    let ys = chart.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).filter(|y| y.is_finite());
     let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (x0, x1) = if x0.is_finite() { (x0, x1) } else { (0.0, 1.0) };
-    let mut y1 = ys.fold(0.0f64, f64::max);
-    let mut y0 = chart.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).filter(|y| y.is_finite()).fold(0.0f64, f64::min);
+    // The y range holds every value with its error bar, and the ceiling.
+    let spans = chart.lines.iter().chain(&chart.ceiling).flat_map(|l| {
+        l.points.iter().enumerate().map(|(i, p)| {
+            let e = l.errors.get(i).copied().filter(|e| e.is_finite()).unwrap_or(0.0);
+            (p.1 - e, p.1 + e)
+        })
+    });
+    let (mut y0, mut y1) = spans.filter(|s| s.0.is_finite() && s.1.is_finite()).fold((0.0f64, 0.0f64), |(a, b), s| (a.min(s.0), b.max(s.1)));
     if let Some(t) = &chart.threshold {
         y1 = y1.max(t.value);
         y0 = y0.min(t.value);
@@ -96,7 +112,7 @@ where
         y1 = y0 + 1.0;
     }
     // Headroom above the data for the legend (upper left), so it never hides a line.
-    let entries = chart.lines.len() + usize::from(chart.threshold.is_some());
+    let entries = chart.lines.len() + usize::from(chart.threshold.is_some()) + usize::from(chart.ceiling.is_some());
     let plot_px = (area.dim_in_pixel().1 as f64 - 110.0).max(100.0);
     let legend = ((18 * entries + 28) as f64 / plot_px).min(0.6);
     let pad = (y1 - y0) * 0.05;
@@ -126,6 +142,15 @@ where
             .label(&t.label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(2)));
     }
+    if let Some(ceil) = &chart.ceiling {
+        let grey = RGBColor(90, 90, 90);
+        let style = ShapeStyle { color: grey.to_rgba(), filled: false, stroke_width: 2 };
+        let pts: Vec<(f64, f64)> = ceil.points.iter().copied().filter(|p| p.1.is_finite()).collect();
+        c.draw_series(DashedLineSeries::new(pts, 6, 4, style))
+            .map_err(err)?
+            .label(&ceil.label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(2)));
+    }
     for (i, line) in chart.lines.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts: Vec<(f64, f64)> = line.points.iter().copied().filter(|p| p.1.is_finite()).collect();
@@ -134,6 +159,9 @@ where
             .label(&line.label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         c.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(err)?;
+        let bars = line.points.iter().zip(&line.errors).filter(|(p, e)| p.1.is_finite() && e.is_finite() && **e > 0.0);
+        c.draw_series(bars.map(|(&(x, y), &e)| ErrorBar::new_vertical(x, y - e, y, y + e, color.stroke_width(2), 8)))
+            .map_err(err)?;
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.85))

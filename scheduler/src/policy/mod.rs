@@ -6,10 +6,12 @@
 //! requests may be preempted. The shared mechanism in [`crate::Scheduler`] carries them out
 //! (allocation, budget limits, preemption, bookkeeping) and never asks which policy runs.
 
+mod ablations;
 mod drop_late;
 mod fcfs;
 mod smooth;
 
+pub use ablations::{FcfsAdmission, Sarathi};
 pub use drop_late::DropLate;
 pub use fcfs::Fcfs;
 pub use smooth::{Smooth, SmoothConfig};
@@ -145,15 +147,29 @@ pub trait Policy: Send {
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions);
 }
 
-/// Names accepted by [`by_name`].
+/// The policies: `smooth`, `fcfs` (the baseline) and `drop-late`.
 pub const POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
 
-/// A policy by name: `smooth`, `fcfs` or `drop-late`.
+/// Ablations (experimental): each isolates one part of smooth's gain (evaluation.md, point 9).
+/// - `smooth-no-admission`: smooth's step planning, admitting everything;
+/// - `fcfs-admission`: fcfs's steps behind smooth's admission;
+/// - `sarathi`: fcfs with a per-step token budget, the largest whose predicted step time keeps
+///   every running stream at its reading rate (Sarathi-Serve's stall-free budget, derived from
+///   the readers instead of a fixed TBT target).
+pub const ABLATION_NAMES: [&str; 3] = ["smooth-no-admission", "fcfs-admission", "sarathi"];
+
+/// Every name [`by_name`] accepts: the policies, then the ablations.
+pub const ALL_POLICY_NAMES: [&str; 6] = ["smooth", "fcfs", "drop-late", "smooth-no-admission", "fcfs-admission", "sarathi"];
+
+/// A policy by name (see [`ALL_POLICY_NAMES`]).
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     match name {
         "smooth" => Some(Box::new(Smooth::new(SmoothConfig::default()))),
         "fcfs" => Some(Box::new(Fcfs::new())),
         "drop-late" => Some(Box::new(DropLate::new())),
+        "smooth-no-admission" => Some(Box::new(Smooth::new(SmoothConfig { admission: false, ..SmoothConfig::default() }))),
+        "fcfs-admission" => Some(Box::new(FcfsAdmission::new())),
+        "sarathi" => Some(Box::new(Sarathi::new())),
         _ => None,
     }
 }

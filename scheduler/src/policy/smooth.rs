@@ -79,11 +79,21 @@ pub struct SmoothConfig {
     /// Smallest prefill chunk while a stream is about to run dry, as a fraction of the token
     /// budget.
     pub min_chunk_fraction: f64,
+    /// Refuse requests at the door by predicted benefit; `false` admits everything (the
+    /// `smooth-no-admission` ablation).
+    pub admission: bool,
 }
 
 impl Default for SmoothConfig {
     fn default() -> Self {
-        Self { horizon_steps: 3.0, admit_max_loss: 0.02, admit_queue_slots: 4.0, starvation_s: 2.0, min_chunk_fraction: 0.25 }
+        Self {
+            horizon_steps: 3.0,
+            admit_max_loss: 0.02,
+            admit_queue_slots: 4.0,
+            starvation_s: 2.0,
+            min_chunk_fraction: 0.25,
+            admission: true,
+        }
     }
 }
 
@@ -107,7 +117,7 @@ impl Smooth {
 }
 
 /// Cost of adding a slice of `len` tokens at `start` to a step.
-fn slice_cost(c: &CostCoeffs, start: usize, len: usize) -> f64 {
+pub(super) fn slice_cost(c: &CostCoeffs, start: usize, len: usize) -> f64 {
     if len == 1 {
         c.per_decode_seq_s + c.per_kv_token_s * (start + 1) as f64
     } else {
@@ -116,7 +126,7 @@ fn slice_cost(c: &CostCoeffs, start: usize, len: usize) -> f64 {
 }
 
 /// Longest `len <= max` whose slice cost fits `time` (0 if none).
-fn fit_len(c: &CostCoeffs, start: usize, max: usize, time: f64) -> usize {
+pub(super) fn fit_len(c: &CostCoeffs, start: usize, max: usize, time: f64) -> usize {
     if max == 0 || slice_cost(c, start, 1.min(max)) > time {
         return 0;
     }
@@ -155,10 +165,17 @@ impl Smooth {
 
 impl Policy for Smooth {
     fn name(&self) -> &'static str {
-        "smooth"
+        if self.cfg.admission {
+            "smooth"
+        } else {
+            "smooth-no-admission"
+        }
     }
 
     fn admit(&mut self, req: &SeqView, ctx: &PolicyContext<'_>) -> Result<(), (RejectReason, f64)> {
+        if !self.cfg.admission {
+            return Ok(());
+        }
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
         let (chunk, t_full) = Self::full_step(ctx, n_dec, kv_dec);

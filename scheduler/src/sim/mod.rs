@@ -1,19 +1,33 @@
 //! The discrete-event simulator behind `pace sim`.
 //!
-//! It drives the real [`Scheduler`] and policies with a virtual clock: arrivals are added at
-//! their arrival time, each planned step lasts what the preset's "true" cost model (plus optional
-//! log-normal noise) says for the plan's [`StepShape`], the step's sampled tokens are delivered at
-//! its end, and the measured duration is fed back to the scheduler's own cost model. The model
-//! never produces a stop token: every request generates its `output_len` tokens (`ignore_eos`).
+//! It drives the real [`Scheduler`] and policies with a virtual clock, and measures them as
+//! `../shared/docs/evaluation.md` says a scheduler must be measured:
 //!
-//! Metrics are [`crate::slo`]'s, over the whole run: from the first arrival to the last request's
-//! end, as `vllm bench serve` measures a run.
+//! - **Steady state with a measurement window.** Arrivals continue for the whole run; only the
+//!   requests that arrive inside `[T_warmup, T_end]` (fractions of the arrival span) are
+//!   counted, and the run lasts until every counted request has ended. Smooth goodput is the
+//!   counted benefit over the window's length, the same denominator for every policy. A closed
+//!   loop (`clients`) counts requests by their place in the sequence instead, and is scored per
+//!   request sent.
+//! - **No length oracle.** A request's true output length is an end-of-sequence token the
+//!   scheduler cannot foresee; the client sends `max_tokens` by its own rule ([`ClientModel`]).
+//! - **Clients with patience.** A client leaves when its idle latency reaches its patience: an
+//!   abort at that moment (`d_{n+1} + patience`), seen by the scheduler at the next step
+//!   boundary, as a server sees a disconnect. Tokens of the step during which it left are lost.
+//! - **Noisy steps and a wrong prior.** Each step lasts what the preset's true cost model says
+//!   for the plan's [`StepShape`], times log-normal noise; the scheduler starts from a prior whose
+//!   coefficients are off by seeded factors, and refits on the measured (noisy) durations.
+//!
+//! Metrics are [`crate::slo`]'s.
 
 pub mod preset;
 pub mod workload;
 
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 use serde::{Deserialize, Serialize};
 
@@ -22,49 +36,155 @@ use crate::plan::{SampledToken, StepOutput};
 use crate::policy::Policy;
 use crate::request::{Event, FinishReason, NewRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::slo::{Outcome, RequestRecord, WindowStats};
+use crate::slo::{ceiling, ceiling_fraction, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
 pub use preset::{preset, presets, Preset, PRESET_NAMES};
-pub use workload::{Arrivals, LengthSource, Lengths, SimRequest, WorkloadSpec};
+pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, SimRequest, WorkloadSpec};
+
+/// The token id simulated outputs end with.
+const EOS: u32 = 2;
 
 /// How a simulation runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
-    /// The scheduler's configuration.
+    /// The scheduler's configuration (its `cost_prior` is what the prior error scales).
     pub sched: SchedulerConfig,
     /// True step cost.
     pub true_cost: CostCoeffs,
     /// Relative standard deviation of step durations (log-normal, mean 1); 0 for none.
     pub noise: f64,
-    /// Seed of the noise.
+    /// Each coefficient of the scheduler's prior is scaled by `(1 + prior_error)^u`, `u` uniform
+    /// in `[-1, 1]` from the seed; 0 leaves the prior as configured.
+    pub prior_error: f64,
+    /// Seed of the noise and of the prior's error.
     pub seed: u64,
+    /// Start of the measurement window, fraction of the arrival span (or of the requests of a
+    /// closed loop).
+    pub warmup_fraction: f64,
+    /// End of the measurement window, same unit.
+    pub window_end_fraction: f64,
 }
 
 impl SimConfig {
-    /// The preset's configuration, no noise.
+    /// The preset's configuration: the standard window (10% to 80%), no noise, the true prior.
     pub fn from_preset(p: &Preset) -> Self {
-        Self { sched: p.config.clone(), true_cost: p.true_cost, noise: 0.0, seed: 0 }
+        Self {
+            sched: p.config.clone(),
+            true_cost: p.true_cost,
+            noise: 0.0,
+            prior_error: 0.0,
+            seed: 0,
+            warmup_fraction: 0.1,
+            window_end_fraction: 0.8,
+        }
     }
+
+    /// The preset as published comparisons run it (evaluation.md, point 5): 5% step noise and
+    /// a prior 30% off.
+    pub fn published(p: &Preset) -> Self {
+        Self { noise: 0.05, prior_error: 0.3, ..Self::from_preset(p) }
+    }
+
+    /// The cost model the scheduler starts from: the configured prior, each coefficient scaled
+    /// by a seeded factor in `[1 / (1 + e), 1 + e]`.
+    pub fn scheduler_prior(&self) -> CostCoeffs {
+        let c = self.sched.cost_prior;
+        if self.prior_error <= 0.0 {
+            return c;
+        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x9a10_e77e_0000_0003);
+        let mut f = || (1.0 + self.prior_error).powf(rng.random_range(-1.0..=1.0));
+        CostCoeffs {
+            base_s: c.base_s * f(),
+            per_prefill_token_s: c.per_prefill_token_s * f(),
+            per_decode_seq_s: c.per_decode_seq_s * f(),
+            per_kv_token_s: c.per_kv_token_s * f(),
+            per_attn_pair_s: c.per_attn_pair_s * f(),
+        }
+    }
+}
+
+/// How requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// At the requests' own arrival times.
+    Open,
+    /// A fixed population of clients: each sends its next request the moment its last one ends
+    /// (completed, rejected, dropped or abandoned). The requests' arrival fields are ignored.
+    Closed {
+        /// Clients.
+        clients: usize,
+    },
 }
 
 /// What a simulation produced.
 #[derive(Debug, Clone)]
 pub struct SimResult {
-    /// One record per request, in request order (rejected ones included).
+    /// One record per request, in request order. Requests still unfinished when the run stopped
+    /// (after the last counted request ended) are `Aborted` at the stop time; none is counted.
     pub records: Vec<RequestRecord>,
+    /// The requests as run (closed loops: with the arrival times the clients sent them at).
+    pub requests: Vec<SimRequest>,
+    /// Tokens fed to the model for each request (prefill chunks, decodes, recomputes).
+    pub work: Vec<usize>,
+    /// Counted requests: indices `counted.0..counted.1`.
+    pub counted: (usize, usize),
+    /// The measurement window, seconds: arrivals in it are counted (open loop), or the send
+    /// times of the first counted and the first request after them (closed loop).
+    pub window: (f64, f64),
     /// The scheduler's counters at the end.
     pub stats: SchedulerStats,
     /// Steps run.
     pub steps: u64,
     /// First arrival.
     pub start: f64,
-    /// Last request's end.
+    /// When the run stopped.
     pub end: f64,
 }
 
+/// The counted requests of one run, measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// Every aggregate over the counted requests and the window.
+    pub stats: WindowStats,
+    /// Output tokens the counted requests would produce if served to the end, per second of
+    /// the window: the offered output rate.
+    pub offered_output_tps: f64,
+    /// Mean of `min(true length, max_tokens)` over the counted requests.
+    pub mean_served_len: f64,
+    /// Work (tokens fed) spent on counted requests whose client left, over the work spent on
+    /// all counted requests.
+    pub wasted_tokens_frac: f64,
+    /// Preemptions in the whole run.
+    pub preempted: u64,
+    /// Steps in the whole run.
+    pub steps: u64,
+}
+
 impl SimResult {
-    /// Metrics over the whole run.
-    pub fn window(&self, cfg: &SchedulerConfig) -> WindowStats {
+    /// Metrics over the whole run (first arrival to last end, every request), as `vllm bench
+    /// serve` measures a run: for tests of the metric itself, never for comparing policies.
+    pub fn whole_run(&self, cfg: &SchedulerConfig) -> WindowStats {
         WindowStats::compute(&self.records, self.start, self.end, &cfg.slo)
+    }
+
+    /// The counted requests over the measurement window.
+    pub fn evaluate(&self, params: &SloParams) -> Evaluation {
+        let (lo, hi) = self.counted;
+        let window_s = (self.window.1 - self.window.0).max(0.0);
+        let stats = WindowStats::aggregate(&self.records[lo..hi], window_s, params);
+        let served: usize = self.requests[lo..hi].iter().map(SimRequest::served_len).sum();
+        let work_all: usize = self.work[lo..hi].iter().sum();
+        let work_left: usize =
+            (lo..hi).filter(|&i| self.records[i].outcome == Outcome::Abandoned).map(|i| self.work[i]).sum();
+        Evaluation {
+            stats,
+            offered_output_tps: served as f64 / window_s.max(f64::MIN_POSITIVE),
+            mean_served_len: served as f64 / (hi - lo).max(1) as f64,
+            wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
+            preempted: self.stats.preemptions,
+            steps: self.steps,
+        }
     }
 }
 
@@ -78,45 +198,215 @@ pub struct Stalled {
     pub unfinished: usize,
 }
 
-/// Simulate `requests` (sorted by arrival) under `policy`.
+/// An `f64` time with a total order, for heaps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct At(f64);
+
+impl Eq for At {}
+
+impl PartialOrd for At {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for At {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Simulate `requests` (sorted by arrival) under `policy`, open loop.
 pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest]) -> Result<SimResult, Stalled> {
-    let mut sched = Scheduler::new(cfg.sched.clone(), policy);
+    run(cfg, policy, requests, Mode::Open)
+}
+
+/// Per-request bookkeeping of a run.
+struct Book {
+    records: Vec<RequestRecord>,
+    ended: Vec<bool>,
+    delivered: Vec<usize>,
+    /// Departures of impatient clients: (time, request, tokens delivered when it was set).
+    departures: BinaryHeap<Reverse<(At, usize, usize)>>,
+    /// Closed loop: when each client is next free to send.
+    free: BinaryHeap<Reverse<At>>,
+    counted: (usize, usize),
+    counted_left: usize,
+    closed: bool,
+}
+
+impl Book {
+    /// Ends request `i` at `time`; in a closed loop its client sends again then.
+    fn end(&mut self, i: usize, outcome: Outcome, time: f64) {
+        if self.ended[i] {
+            return;
+        }
+        self.ended[i] = true;
+        self.records[i].outcome = outcome;
+        self.records[i].end = time;
+        if (self.counted.0..self.counted.1).contains(&i) {
+            self.counted_left -= 1;
+        }
+        if self.closed {
+            self.free.push(Reverse(At(time)));
+        }
+    }
+
+    /// Applies a step's events: tokens extend the timelines (and move the client's departure),
+    /// and finishes end their requests.
+    fn apply(&mut self, events: &[Event], reqs: &[SimRequest], class: SloClass) {
+        for e in events {
+            match *e {
+                Event::Token { id, time, .. } => {
+                    let i = id as usize;
+                    self.records[i].token_times.push(time);
+                    self.delivered[i] += 1;
+                    let p = reqs[i].patience;
+                    if p.is_finite() {
+                        let at = class.departure(reqs[i].arrival, self.delivered[i], p);
+                        self.departures.push(Reverse((At(at), i, self.delivered[i])));
+                    }
+                }
+                Event::Finished { id, reason, time, .. } => {
+                    let outcome = match reason {
+                        FinishReason::Stop | FinishReason::Length => Outcome::Completed,
+                        // The simulator's only aborts are clients that left (see `leave`).
+                        FinishReason::Abort => Outcome::Abandoned,
+                        FinishReason::Dropped => Outcome::Dropped,
+                        FinishReason::Rejected => Outcome::Rejected,
+                        FinishReason::Error => Outcome::Failed,
+                    };
+                    self.end(id as usize, outcome, time);
+                }
+            }
+        }
+    }
+
+    /// Aborts every request whose client left by `now`, at the moment it left.
+    fn leave(&mut self, sched: &mut Scheduler, now: f64) {
+        while let Some(&Reverse((At(at), i, n))) = self.departures.peek() {
+            if at > now {
+                break;
+            }
+            self.departures.pop();
+            if self.ended[i] || self.delivered[i] != n {
+                continue;
+            }
+            if sched.abort(i as u64, at).is_some() {
+                self.end(i, Outcome::Abandoned, at);
+            }
+        }
+    }
+
+    fn next_departure(&self) -> Option<f64> {
+        self.departures.peek().map(|d| d.0 .0 .0)
+    }
+}
+
+/// Simulate `requests` under `policy` with the arrivals `mode` says.
+pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mode: Mode) -> Result<SimResult, Stalled> {
+    let mut sched_cfg = cfg.sched.clone();
+    sched_cfg.cost_prior = cfg.scheduler_prior();
+    let mut sched = Scheduler::new(sched_cfg, policy);
     let class = cfg.sched.slo.default_class;
-    let mut records: Vec<RequestRecord> = requests
-        .iter()
-        .map(|r| RequestRecord { arrival: r.arrival, token_times: Vec::new(), outcome: Outcome::Completed, end: r.arrival, class })
-        .collect();
+    let m = requests.len();
+    let mut reqs = requests.to_vec();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let noise = (cfg.noise > 0.0).then(|| {
         let sigma = (1.0 + cfg.noise * cfg.noise).ln().sqrt();
         LogNormal::new(-sigma * sigma / 2.0, sigma).expect("finite sigma")
     });
-    let mut t = requests.first().map_or(0.0, |r| r.arrival);
+
+    // What is counted: an index range. Open loop: the arrivals inside the window (requests are
+    // sorted by arrival). Closed loop: a share of the sequence of requests.
+    let frac_index = |f: f64| ((f * m as f64).floor() as usize).min(m);
+    let (counted, mut window) = match mode {
+        Mode::Open => {
+            let (first, last) = (reqs.first().map_or(0.0, |r| r.arrival), reqs.last().map_or(0.0, |r| r.arrival));
+            let (w0, w1) = measurement_window(first, last, cfg.warmup_fraction, cfg.window_end_fraction);
+            let lo = reqs.partition_point(|r| r.arrival < w0);
+            let hi = reqs.partition_point(|r| r.arrival <= w1);
+            ((lo, hi.max(lo)), (w0, w1))
+        }
+        Mode::Closed { .. } => {
+            let lo = frac_index(cfg.warmup_fraction);
+            let hi = frac_index(cfg.window_end_fraction).max(lo);
+            ((lo, hi), (0.0, 0.0))
+        }
+    };
+    let mut book = Book {
+        records: reqs
+            .iter()
+            .map(|r| RequestRecord { arrival: r.arrival, token_times: Vec::new(), outcome: Outcome::Completed, end: r.arrival, class })
+            .collect(),
+        ended: vec![false; m],
+        delivered: vec![0; m],
+        departures: BinaryHeap::new(),
+        free: BinaryHeap::new(),
+        counted,
+        counted_left: counted.1 - counted.0,
+        closed: matches!(mode, Mode::Closed { .. }),
+    };
+    if let Mode::Closed { clients } = mode {
+        for _ in 0..clients.max(1) {
+            book.free.push(Reverse(At(0.0)));
+        }
+    }
+    let mut work = vec![0usize; m];
+    let mut t = match mode {
+        Mode::Open => reqs.first().map_or(0.0, |r| r.arrival),
+        Mode::Closed { .. } => 0.0,
+    };
+    let start = t;
     let mut next = 0;
     let mut steps = 0;
     let mut plan = crate::plan::BatchPlan::default();
     let mut out = StepOutput::default();
+    let upcoming = |book: &Book, next: usize, reqs: &[SimRequest]| -> Option<f64> {
+        match mode {
+            Mode::Open => reqs.get(next).map(|r| r.arrival),
+            Mode::Closed { .. } => book.free.peek().filter(|_| next < m).map(|r| r.0 .0),
+        }
+    };
+
     loop {
-        while next < requests.len() && requests[next].arrival <= t {
-            let r = &requests[next];
+        // Arrivals up to now.
+        while let Some(arrival) = upcoming(&book, next, &reqs).filter(|&a| a <= t) {
+            if book.closed {
+                book.free.pop();
+            }
+            let i = next;
+            next += 1;
+            reqs[i].arrival = arrival;
+            book.records[i].arrival = arrival;
+            book.records[i].end = arrival;
+            let r = &reqs[i];
             let req = NewRequest {
-                id: next as u64,
+                id: i as u64,
                 prompt: vec![1; r.prompt_len],
-                max_tokens: r.output_len,
+                max_tokens: r.max_tokens,
                 min_tokens: 0,
-                stop_token_ids: Vec::new(),
-                arrival: r.arrival,
+                stop_token_ids: vec![EOS],
+                arrival,
                 class: None,
             };
-            if sched.add(req, r.arrival).is_err() {
-                records[next].outcome = Outcome::Rejected;
+            if sched.add(req, arrival).is_err() {
+                book.end(i, Outcome::Rejected, arrival);
+            } else if r.patience.is_finite() {
+                book.departures.push(Reverse((At(class.departure(arrival, 0, r.patience)), i, 0)));
             }
-            next += 1;
+        }
+        if book.counted_left == 0 && next >= counted.1 {
+            if book.closed {
+                let at = |i: usize| reqs.get(i).filter(|_| i < next).map_or(t, |r| r.arrival);
+                window = (at(counted.0), at(counted.1));
+            }
+            break;
         }
         if !sched.has_unfinished() {
-            match requests.get(next) {
-                Some(r) => {
-                    t = r.arrival;
+            match upcoming(&book, next, &reqs) {
+                Some(at) => {
+                    t = t.max(at);
                     continue;
                 }
                 None => break,
@@ -125,15 +415,16 @@ pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest
         sched.schedule_into(t, &mut plan);
         if plan.is_empty() {
             let events = sched.update(&plan, &StepOutput::default(), t);
-            record(&mut records, &events);
-            match requests.get(next) {
-                Some(r) => t = t.max(r.arrival),
+            book.apply(&events, &reqs, class);
+            match upcoming(&book, next, &reqs).into_iter().chain(book.next_departure()).reduce(f64::min) {
+                Some(at) => t = t.max(at),
                 None if sched.has_unfinished() => {
                     let s = sched.stats();
                     return Err(Stalled { time: t, unfinished: s.running + s.waiting });
                 }
                 None => {}
             }
+            book.leave(&mut sched, t);
             continue;
         }
         let shape = StepShape::of(&plan);
@@ -141,106 +432,344 @@ pub fn simulate(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest
         if let Some(n) = &noise {
             dur *= n.sample(&mut rng);
         }
+        for s in &plan.seqs {
+            work[s.id as usize] += s.tokens.len();
+        }
         t += dur;
         steps += 1;
+        // Clients who left during the step never see its tokens.
+        book.leave(&mut sched, t);
         out.sampled.clear();
-        out.sampled.extend(
-            plan.seqs
-                .iter()
-                .filter(|s| s.sample)
-                .map(|s| SampledToken { id: s.id, token: 1, logprob: None, top_logprobs: Vec::new() }),
-        );
+        out.sampled.extend(plan.seqs.iter().filter(|s| s.sample).map(|s| {
+            let i = s.id as usize;
+            let token = if book.delivered[i] + 1 >= reqs[i].output_len { EOS } else { 1 };
+            SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() }
+        }));
         let events = sched.update(&plan, &out, t);
         sched.observe_step(&shape, dur);
-        record(&mut records, &events);
+        book.apply(&events, &reqs, class);
     }
-    let start = records.iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
-    let end = records.iter().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
-    Ok(SimResult { records, stats: sched.stats(), steps, start: start.min(end), end })
-}
-
-fn record(records: &mut [RequestRecord], events: &[Event]) {
-    for e in events {
-        match *e {
-            Event::Token { id, time, .. } => records[id as usize].token_times.push(time),
-            Event::Finished { id, reason, time, .. } => {
-                let r = &mut records[id as usize];
-                r.end = time;
-                r.outcome = match reason {
-                    FinishReason::Stop | FinishReason::Length => Outcome::Completed,
-                    FinishReason::Abort => Outcome::Aborted,
-                    FinishReason::Dropped => Outcome::Dropped,
-                    FinishReason::Rejected => Outcome::Rejected,
-                    FinishReason::Error => Outcome::Failed,
-                };
-            }
+    let mut records = book.records;
+    for (i, r) in records.iter_mut().enumerate().take(next) {
+        if !book.ended[i] {
+            r.outcome = Outcome::Aborted;
+            r.end = t;
         }
     }
+    let end = records.iter().take(next).map(|r| r.end).fold(start, f64::max);
+    Ok(SimResult { records, requests: reqs, work, counted, window, stats: sched.stats(), steps, start, end })
 }
 
-/// The request rate a preset sustains on a workload under fcfs: `num` requests (at least four
-/// batches' worth) arrive at once, and the completion rate between the first and the third
-/// quartile of completions is the saturation rate, which leaves out the start-up ramp, the first
-/// wave of a full batch finishing together, and the drain.
-pub fn saturation_rate(cfg: &SimConfig, workload: &WorkloadSpec, num: usize, seed: u64) -> f64 {
-    let num = num.max(4 * cfg.sched.max_num_seqs).max(40);
-    let reqs = workload.generate(f64::INFINITY, num, seed);
+/// The engine's saturated throughput on a workload (evaluation.md, point 7's `Theta`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Saturation {
+    /// Completed requests per second.
+    pub rate: f64,
+    /// Output tokens per second.
+    pub output_tps: f64,
+}
+
+/// What a preset sustains on a workload under fcfs, in two runs. First `num` requests (at
+/// least four batches' worth) arrive at once and the completions between the first and the
+/// third quartile give a rough rate. Then `4 * num` requests arrive open-loop at twice that
+/// rate, clients never leave, and the completions and output tokens delivered between 40% and
+/// 90% of the arrival span (the batch full and turning over, the queue growing) give the rates.
+/// The second run is the steady state the sweep's overloaded points live in; a backlog that
+/// arrives at once is not (every stream starts together), and neither is the ramp while the
+/// first full batch is still decoding (no prefill, so more tokens per second than later).
+pub fn saturation(cfg: &SimConfig, workload: &WorkloadSpec, client: &ClientModel, num: usize, seed: u64) -> Saturation {
+    let num = num.max(4 * cfg.sched.max_num_seqs).max(500);
+    let client = ClientModel { patience: crate::slo::Patience::None, ..*client };
     let mut sat_cfg = cfg.clone();
     sat_cfg.sched.max_queue_requests = usize::MAX;
     sat_cfg.sched.max_queue_tokens = usize::MAX;
-    let policy = crate::policy::by_name("fcfs").expect("fcfs exists");
-    let Ok(res) = simulate(&sat_cfg, policy, &reqs) else { return 0.0 };
+    sat_cfg.seed = seed;
+    let fcfs = || crate::policy::by_name("fcfs").expect("fcfs exists");
+    let zero = Saturation { rate: 0.0, output_tps: 0.0 };
+
+    let mut backlog = workload.generate(f64::INFINITY, num, seed);
+    client.apply(&mut backlog, seed, cfg.sched.max_model_len);
+    let all = SimConfig { warmup_fraction: 0.0, window_end_fraction: 1.0, ..sat_cfg.clone() };
+    let Ok(res) = simulate(&all, fcfs(), &backlog) else { return zero };
     let mut ends: Vec<f64> = res.records.iter().map(|r| r.end).collect();
     ends.sort_unstable_by(f64::total_cmp);
     let (lo, hi) = (ends.len() / 4, ends.len() * 3 / 4);
-    (hi - lo) as f64 / (ends[hi] - ends[lo]).max(1e-9)
+    let rough = (hi - lo) as f64 / (ends[hi] - ends[lo]).max(1e-9);
+
+    let mut reqs = workload.generate(2.0 * rough, 4 * num, seed);
+    client.apply(&mut reqs, seed, cfg.sched.max_model_len);
+    let (first, last) = (reqs[0].arrival, reqs[4 * num - 1].arrival);
+    let (t0, t1) = measurement_window(first, last, 0.4, 0.9);
+    // The run lasts until the requests that arrived by the end of the measurement have ended, so
+    // the engine is busy throughout it.
+    let mid = SimConfig { warmup_fraction: 0.0, window_end_fraction: 0.9, ..sat_cfg };
+    let Ok(res) = simulate(&mid, fcfs(), &reqs) else { return zero };
+    let span = (t1 - t0).max(1e-9);
+    let tokens: usize = res.records.iter().map(|r| r.token_times.iter().filter(|&&x| x > t0 && x <= t1).count()).sum();
+    let done = res.records.iter().filter(|r| r.outcome == Outcome::Completed && r.end > t0 && r.end <= t1).count();
+    Saturation { rate: done as f64 / span, output_tps: tokens as f64 / span }
 }
 
-/// One point of a sweep.
+/// The request rate a preset sustains on a workload under fcfs, with the true lengths as
+/// `max_tokens` ([`saturation`]'s rate).
+pub fn saturation_rate(cfg: &SimConfig, workload: &WorkloadSpec, num: usize, seed: u64) -> f64 {
+    saturation(cfg, workload, &ClientModel::default(), num, seed).rate
+}
+
+/// One load of a sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Load {
+    /// Open loop at this many requests per second.
+    Rate(f64),
+    /// A closed loop of this many clients.
+    Clients(usize),
+}
+
+/// One run of a sweep point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeedRun {
+    /// Seed of the workload, the clients, the noise and the prior.
+    pub seed: u64,
+    /// The counted requests, measured.
+    pub eval: Evaluation,
+    /// Ceiling of this run: output tokens per second (open loop), or benefit per request
+    /// (closed loop, [`closed_loop_ceiling`]).
+    pub ceiling: f64,
+    /// Smooth goodput (open loop) or benefit per request (closed loop) over the ceiling.
+    pub ceiling_fraction: f64,
+}
+
+/// One point of a sweep: a policy at a load, every seed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SweepPoint {
     /// Policy name.
     pub policy: String,
-    /// Offered request rate, per second.
+    /// The load.
+    pub load: Load,
+    /// Offered request rate, per second (0 for a closed loop).
     pub rate: f64,
-    /// `rate / saturation_rate`.
+    /// `rate / saturation rate` (0 for a closed loop).
     pub load_factor: f64,
-    /// The preset's estimated saturation rate.
-    pub saturation_rate: f64,
-    /// Metrics over the run.
-    pub stats: WindowStats,
-    /// Preemptions.
-    pub preempted: u64,
-    /// Steps simulated.
-    pub steps: u64,
+    /// The preset's estimated saturation on this workload.
+    pub saturation: Saturation,
+    /// The ceiling's `Theta`, output tokens per second: the larger of the saturation estimate
+    /// and the largest output throughput any open-loop run of the sweep reached.
+    pub theta: f64,
+    /// One run per seed.
+    pub runs: Vec<SeedRun>,
 }
 
-/// Run every policy at every rate on the same seeded workload.
-pub fn sweep(
-    cfg: &SimConfig,
-    workload: &WorkloadSpec,
-    policies: &[&str],
-    rates: &[f64],
-    num_requests: usize,
-    seed: u64,
-    saturation: f64,
-) -> Result<Vec<SweepPoint>, Stalled> {
+impl SweepPoint {
+    /// Mean over seeds of `f`, and its 95% interval's half-width.
+    pub fn mean_ci(&self, f: impl Fn(&SeedRun) -> f64) -> (f64, f64) {
+        mean_ci95(&self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+
+    /// Mean over seeds of `f`.
+    pub fn mean(&self, f: impl Fn(&SeedRun) -> f64) -> f64 {
+        self.mean_ci(f).0
+    }
+}
+
+/// The closed-loop ceiling per request sent, from a fluid model: `clients` users who each send
+/// again as soon as an answer of `mean_len` tokens ends, an engine that produces `theta` output
+/// tokens per second. While `clients * q <= theta` every reader can be fed at its reading rate
+/// and the best benefit is `mean_len`. Beyond that, the cycle of a client is at least
+/// `clients * mean_len / theta` seconds while reading takes `mean_len / q`; the difference is
+/// waiting no schedule avoids (queued before the first token or spread over the stream), so
+/// the best benefit per request is `mean_len - alpha f(wait)`, and never below 0, since a
+/// refusal scores 0. It ignores prefill time and the spread of lengths, so it is an upper bound
+/// for the mean length, not a tight one.
+pub fn closed_loop_ceiling(clients: usize, mean_len: f64, theta: f64, params: &SloParams) -> f64 {
+    let q = params.default_class.reading_rate;
+    let wait = (clients as f64 * mean_len / theta.max(f64::MIN_POSITIVE) - mean_len / q).max(0.0);
+    (mean_len - params.alpha * params.penalty.apply(wait)).max(0.0)
+}
+
+/// What a sweep runs.
+#[derive(Debug, Clone)]
+pub struct SweepSpec<'a> {
+    /// Policies, by name.
+    pub policies: &'a [&'a str],
+    /// Loads.
+    pub loads: &'a [Load],
+    /// Requests per run.
+    pub num_requests: usize,
+    /// Seeds: every point runs once per seed.
+    pub seeds: &'a [u64],
+    /// Clients' `max_tokens` rule and patience.
+    pub client: ClientModel,
+    /// The engine's saturation on the workload (its rate turns rates into load factors, its
+    /// output rate is the ceiling's `Theta` unless a run went faster).
+    pub saturation: Saturation,
+}
+
+/// Run every policy at every load once per seed, on the same seeded workload per seed.
+pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> Result<Vec<SweepPoint>, Stalled> {
+    let sat = spec.saturation;
     let mut points = Vec::new();
-    for &rate in rates {
-        let reqs = workload.generate(rate, num_requests, seed);
-        for name in policies {
-            let Some(policy) = crate::policy::by_name(name) else { continue };
-            let res = simulate(cfg, policy, &reqs)?;
-            points.push(SweepPoint {
-                policy: name.to_string(),
-                rate,
-                load_factor: if saturation > 0.0 { rate / saturation } else { 0.0 },
-                saturation_rate: saturation,
-                stats: res.window(&cfg.sched),
-                preempted: res.stats.preemptions,
-                steps: res.steps,
-            });
+    for &load in spec.loads {
+        let rate = match load {
+            Load::Rate(r) => r,
+            Load::Clients(_) => f64::INFINITY,
+        };
+        let mut by_policy: Vec<SweepPoint> = spec
+            .policies
+            .iter()
+            .map(|p| SweepPoint {
+                policy: p.to_string(),
+                load,
+                rate: if rate.is_finite() { rate } else { 0.0 },
+                load_factor: if rate.is_finite() && sat.rate > 0.0 { rate / sat.rate } else { 0.0 },
+                saturation: sat,
+                theta: sat.output_tps,
+                runs: Vec::new(),
+            })
+            .collect();
+        for &seed in spec.seeds {
+            let mut reqs = workload.generate(rate, spec.num_requests, seed);
+            spec.client.apply(&mut reqs, seed, cfg.sched.max_model_len);
+            let run_cfg = SimConfig { seed, ..cfg.clone() };
+            for point in &mut by_policy {
+                let Some(policy) = crate::policy::by_name(&point.policy) else { continue };
+                let mode = match load {
+                    Load::Rate(_) => Mode::Open,
+                    Load::Clients(clients) => Mode::Closed { clients },
+                };
+                let res = run(&run_cfg, policy, &reqs, mode)?;
+                let eval = res.evaluate(&cfg.sched.slo);
+                point.runs.push(SeedRun { seed, eval, ceiling: 0.0, ceiling_fraction: 0.0 });
+            }
+        }
+        points.extend(by_policy);
+    }
+    // Theta: no run may outdo the engine's saturated rate, so a run that did (an estimate is an
+    // estimate) raises it for everyone.
+    let theta = points
+        .iter()
+        .filter(|p| matches!(p.load, Load::Rate(_)))
+        .flat_map(|p| p.runs.iter().map(|r| r.eval.stats.output_throughput))
+        .fold(sat.output_tps, f64::max);
+    for p in &mut points {
+        p.theta = theta;
+        for r in &mut p.runs {
+            let e = &r.eval;
+            (r.ceiling, r.ceiling_fraction) = match p.load {
+                Load::Rate(_) => {
+                    let c = ceiling(e.offered_output_tps, theta);
+                    (c, ceiling_fraction(e.stats.smooth_goodput, c))
+                }
+                Load::Clients(n) => {
+                    let c = closed_loop_ceiling(n, e.mean_served_len, theta, &cfg.sched.slo);
+                    (c, ceiling_fraction(e.stats.benefit_per_request, c))
+                }
+            };
         }
     }
     Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slo::{MaxTokensRule, Patience};
+
+    fn cpu() -> (SimConfig, Preset) {
+        let p = preset("cpu-smollm2").unwrap();
+        (SimConfig::from_preset(&p), p)
+    }
+
+    fn req(arrival: f64, prompt_len: usize, output_len: usize, max_tokens: usize, patience: f64) -> SimRequest {
+        SimRequest { arrival, prompt_len, output_len, max_tokens, patience }
+    }
+
+    #[test]
+    fn outputs_end_at_their_true_length_not_at_max_tokens() {
+        let (cfg, _) = cpu();
+        let reqs = [req(0.0, 32, 5, 1000, f64::INFINITY), req(0.0, 32, 50, 20, f64::INFINITY)];
+        let res = simulate(&SimConfig { warmup_fraction: 0.0, window_end_fraction: 1.0, ..cfg }, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap();
+        assert_eq!(res.records[0].num_tokens(), 5, "end of sequence at the true length");
+        assert_eq!(res.records[1].num_tokens(), 20, "max_tokens first");
+        assert!(res.records.iter().all(|r| r.outcome == Outcome::Completed));
+        assert_eq!(res.stats.finished.stop, 1);
+        assert_eq!(res.stats.finished.length, 1);
+        // Work: 32 prompt tokens and one decode input per further token.
+        assert_eq!(res.work, vec![32 + 4, 32 + 19]);
+    }
+
+    #[test]
+    fn an_impatient_client_leaves_at_its_deadline_plus_patience() {
+        let (cfg, _) = cpu();
+        let cfg = SimConfig { warmup_fraction: 0.0, window_end_fraction: 1.0, ..cfg };
+        // A long prompt ahead takes the server ~1 s; the second client waits at most 0.5 s past
+        // its first deadline (0.2 s at 5 tok/s), so it leaves at 0.7 s, having got nothing.
+        let reqs = [req(0.0, 500, 3, 3, f64::INFINITY), req(0.0, 400, 3, 3, 0.5)];
+        let res = simulate(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap();
+        let r = &res.records[1];
+        assert_eq!((r.outcome, r.num_tokens()), (Outcome::Abandoned, 0));
+        assert!((r.end - 0.7).abs() < 1e-9, "left at {}", r.end);
+        assert!((r.idle_latency() - 0.5).abs() < 1e-9);
+        assert!(res.work[1] > 0, "its prefill had started: wasted work");
+        let e = res.evaluate(&cfg.sched.slo);
+        assert_eq!(e.stats.abandoned, 1);
+        assert!(e.wasted_tokens_frac > 0.0 && e.wasted_tokens_frac < 1.0);
+        assert!((r.benefit(&cfg.sched.slo) - (0.0 - 2.5 * 0.5)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn closed_loop_sends_the_next_request_when_the_last_ends() {
+        let (cfg, p) = cpu();
+        let mut reqs = p.workload.generate(f64::INFINITY, 60, 3);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::None }.apply(&mut reqs, 3, 8192);
+        let res = run(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs, Mode::Closed { clients: 4 }).unwrap();
+        // Never more than 4 requests live at once.
+        let mut events: Vec<(f64, i32)> = res.records.iter().flat_map(|r| [(r.arrival, 1), (r.end, -1)]).collect();
+        events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut live = 0;
+        for (_, d) in events {
+            live += d;
+            assert!(live <= 4);
+        }
+        assert_eq!(res.counted, (6, 48));
+        assert!(res.window.1 > res.window.0);
+        let e = res.evaluate(&cfg.sched.slo);
+        assert_eq!(e.stats.offered, 42);
+        assert!(e.stats.benefit_per_request > 0.0);
+    }
+
+    #[test]
+    fn the_run_stops_once_every_counted_request_has_ended() {
+        let (cfg, p) = cpu();
+        let sat = saturation(&cfg, &p.workload, &ClientModel::default(), 0, 1);
+        let mut reqs = p.workload.generate(2.0 * sat.rate, 400, 5);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0) }.apply(&mut reqs, 5, 8192);
+        let res = simulate(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap();
+        let (lo, hi) = res.counted;
+        assert!(res.records[lo..hi].iter().all(|r| r.end <= res.end));
+        assert!(res.records[lo].arrival >= res.window.0 && res.records[hi - 1].arrival <= res.window.1);
+        assert!(res.records[hi..].iter().any(|r| r.outcome == Outcome::Aborted), "the uncounted tail was cut");
+    }
+
+    #[test]
+    fn the_prior_error_is_seeded_and_bounded() {
+        let (cfg, _) = cpu();
+        let cfg = SimConfig { prior_error: 0.3, seed: 9, ..cfg };
+        let (a, b) = (cfg.scheduler_prior(), cfg.scheduler_prior());
+        assert_eq!(a, b);
+        let truth = cfg.sched.cost_prior;
+        let ratio = a.per_prefill_token_s / truth.per_prefill_token_s;
+        assert!((1.0 / 1.3..=1.3).contains(&ratio) && (ratio - 1.0).abs() > 1e-6);
+        assert_ne!(SimConfig { seed: 10, ..cfg.clone() }.scheduler_prior(), a);
+    }
+
+    #[test]
+    fn closed_loop_ceiling_arithmetic() {
+        let params = SloParams::default(); // q = 5, alpha 2.5, linear
+        // 8 clients x 5 tok/s = 40 <= 80: everyone fed.
+        assert_eq!(closed_loop_ceiling(8, 100.0, 80.0, &params), 100.0);
+        // 32 clients: cycle 32 * 100 / 80 = 40 s, reading 20 s, wait 20 s: 100 - 50.
+        assert!((closed_loop_ceiling(32, 100.0, 80.0, &params) - 50.0).abs() < 1e-9);
+        assert_eq!(closed_loop_ceiling(1000, 100.0, 80.0, &params), 0.0);
+    }
 }

@@ -7,6 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma};
 use serde::{Deserialize, Serialize};
 
+use crate::slo::{MaxTokensRule, Patience};
+
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Arrivals {
@@ -26,21 +28,27 @@ pub enum Lengths {
     Fixed(usize),
     /// Uniform over `lo..=hi`.
     Uniform(usize, usize),
+    /// Drawn with replacement from measured lengths (e.g. a model's natural output lengths on a
+    /// prompt set).
+    Empirical(Vec<usize>),
 }
 
 impl Lengths {
     fn sample(&self, rng: &mut StdRng) -> usize {
-        match *self {
-            Lengths::Fixed(n) => n.max(1),
-            Lengths::Uniform(lo, hi) => rng.random_range(lo.max(1)..=hi.max(lo.max(1))),
+        match self {
+            Lengths::Fixed(n) => (*n).max(1),
+            Lengths::Uniform(lo, hi) => rng.random_range((*lo).max(1)..=(*hi).max((*lo).max(1))),
+            Lengths::Empirical(v) if v.is_empty() => 1,
+            Lengths::Empirical(v) => v[rng.random_range(0..v.len())].max(1),
         }
     }
 
     /// Mean length.
     pub fn mean(&self) -> f64 {
-        match *self {
-            Lengths::Fixed(n) => n.max(1) as f64,
-            Lengths::Uniform(lo, hi) => (lo.max(1) + hi.max(lo.max(1))) as f64 / 2.0,
+        match self {
+            Lengths::Fixed(n) => (*n).max(1) as f64,
+            Lengths::Uniform(lo, hi) => ((*lo).max(1) + (*hi).max((*lo).max(1))) as f64 / 2.0,
+            Lengths::Empirical(v) => v.iter().map(|n| (*n).max(1) as f64).sum::<f64>() / v.len().max(1) as f64,
         }
     }
 }
@@ -62,12 +70,51 @@ pub enum LengthSource {
 /// One simulated request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SimRequest {
-    /// Arrival, seconds.
+    /// Arrival, seconds (closed loops assign it when a client sends the request).
     pub arrival: f64,
     /// Prompt tokens.
     pub prompt_len: usize,
-    /// Output tokens it will generate (`max_tokens`, EOS ignored).
+    /// True output length: the model samples end-of-sequence as this token, unless `max_tokens`
+    /// ends the request first. The scheduler never sees it.
     pub output_len: usize,
+    /// What the client sends as `max_tokens` (see [`ClientModel`]).
+    pub max_tokens: usize,
+    /// Seconds of idle latency after which the client leaves (infinite: never).
+    pub patience: f64,
+}
+
+impl SimRequest {
+    /// Output tokens it produces if served to the end: `min(output_len, max_tokens)`.
+    pub fn served_len(&self) -> usize {
+        self.output_len.min(self.max_tokens)
+    }
+}
+
+/// How simulated clients behave: what they send as `max_tokens` and how long they wait.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClientModel {
+    /// `max_tokens` from the true length.
+    pub max_tokens: MaxTokensRule,
+    /// Patience distribution.
+    pub patience: Patience,
+}
+
+impl Default for ClientModel {
+    /// The oracle of old runs: `max_tokens` is the true length and nobody leaves.
+    fn default() -> Self {
+        Self { max_tokens: MaxTokensRule::Exact, patience: Patience::None }
+    }
+}
+
+impl ClientModel {
+    /// Sets `max_tokens` (within `max_model_len`) and a seeded patience on every request.
+    pub fn apply(&self, reqs: &mut [SimRequest], seed: u64, max_model_len: usize) {
+        let patience = self.patience.draw(reqs.len(), seed);
+        for (r, p) in reqs.iter_mut().zip(patience) {
+            r.max_tokens = self.max_tokens.max_tokens(r.output_len, max_model_len.saturating_sub(r.prompt_len));
+            r.patience = p;
+        }
+    }
 }
 
 /// A workload to generate.
@@ -81,7 +128,8 @@ pub struct WorkloadSpec {
 
 impl WorkloadSpec {
     /// `num` requests at `rate` per second from `seed`. Lengths depend only on the seed, so the
-    /// same seed gives the same requests at every rate, only spaced differently.
+    /// same seed gives the same requests at every rate, only spaced differently. `max_tokens` is
+    /// the true length and patience infinite until a [`ClientModel`] is applied.
     pub fn generate(&self, rate: f64, num: usize, seed: u64) -> Vec<SimRequest> {
         let mut len_rng = StdRng::seed_from_u64(seed);
         let mut gap_rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
@@ -92,7 +140,7 @@ impl WorkloadSpec {
                     LengthSource::Synthetic { input, output } => (input.sample(&mut len_rng), output.sample(&mut len_rng)),
                     LengthSource::Pairs(p) => p[len_rng.random_range(0..p.len())],
                 };
-                let r = SimRequest { arrival: t, prompt_len, output_len };
+                let r = SimRequest { arrival: t, prompt_len, output_len, max_tokens: output_len, patience: f64::INFINITY };
                 t += self.gap(rate, &mut gap_rng);
                 r
             })
