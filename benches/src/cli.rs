@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
+use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience, Penalty, SloClass, SloParams};
 use serde_json::{Map, Value};
 
 use crate::arrivals::ArrivalProcess;
@@ -90,6 +90,25 @@ pub struct WorkloadArgs {
     /// Send `ignore_eos: true` so every output reaches its max tokens (always on for random).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// What each request sends as max_tokens, from the prompt's true output length (the
+    /// dataset's output_len): exact, cap:N (N, or the server's room if smaller) or scale:K.
+    /// Published comparisons use cap:1024 on a dataset whose outputs end by themselves.
+    #[arg(long, default_value = "exact")]
+    pub max_tokens_rule: String,
+    /// How long each client waits: none, exp:MEAN_S, lognormal:MEDIAN_S,SIGMA or fixed:S. A
+    /// client closes its connection when its idle latency (reading rate, grace) reaches its
+    /// patience, judged from its own frame times. Seeded per request: every target sees the
+    /// same clients.
+    #[arg(long, default_value = "none")]
+    pub patience: String,
+    /// Requests scheduled before this fraction of the arrival span are not counted (closed
+    /// loops: this fraction of the requests).
+    #[arg(long, default_value_t = 0.1)]
+    pub warmup_fraction: f64,
+    /// Requests scheduled after this fraction of the arrival span are not counted; they keep
+    /// the load on until every counted request has ended, and then the run stops.
+    #[arg(long, default_value_t = 0.8)]
+    pub window_end_fraction: f64,
     /// Do not ask for the usage chunk; count one token per content frame.
     #[arg(long)]
     pub no_usage: bool,
@@ -219,6 +238,10 @@ pub struct Prepared {
     pub options: LoadOptions,
     /// Recorded with each result (label, URL, model and load are filled per run).
     pub info: RunInfo,
+    /// What clients send as max_tokens.
+    pub max_tokens_rule: MaxTokensRule,
+    /// Each request's patience, seconds, in prompt order.
+    pub patience: Vec<f64>,
     /// One line describing the workload.
     pub desc: String,
 }
@@ -250,6 +273,9 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         bail!("--ttft-grace and --alpha must be >= 0");
     }
     ArrivalProcess::new(1.0, w.burstiness)?;
+    check_window_fractions(w.warmup_fraction, w.window_end_fraction)?;
+    let max_tokens_rule: MaxTokensRule = w.max_tokens_rule.parse()?;
+    let patience_dist: Patience = w.patience.parse()?;
     let penalty: Penalty = w.penalty.parse()?;
     let binary: BinarySlo = w.goodput.join(" ").parse()?;
     let extra_body: Map<String, Value> = match &w.extra_body {
@@ -287,19 +313,26 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         time_limit: w.time_limit,
         request: RequestOptions { ignore_eos, include_usage: !w.no_usage, temperature: w.temperature, extra_body },
         class,
+        warmup_fraction: w.warmup_fraction,
+        window_end_fraction: w.window_end_fraction,
         progress: !w.disable_tqdm,
     };
+    let patience = patience_dist.draw(prompts.len(), seed);
     let mean = |f: fn(&Prompt) -> usize| prompts.iter().map(f).sum::<usize>() as f64 / prompts.len() as f64;
     let desc = format!(
-        "{} requests, dataset {}, {} endpoint, mean prompt {:.0} tokens, mean max output {:.0} tokens{}, temperature {}, arrivals gamma(burstiness {}), seed {seed}",
+        "{} requests, dataset {}, {} endpoint, mean prompt {:.0} tokens, mean true output {:.0} tokens{}, max_tokens {max_tokens_rule}, \
+         patience {patience_dist}, temperature {}{}, arrivals gamma(burstiness {}), window {}..{} of the arrival span, seed {seed}",
         prompts.len(),
         w.dataset_name,
         w.endpoint,
         mean(|p| p.prompt_len),
         mean(|p| p.output_len),
-        if ignore_eos { " (ignore_eos)" } else { "" },
+        if ignore_eos { " (ignore_eos)" } else { " (the model ends its outputs)" },
         w.temperature,
+        w.extra_body.as_deref().map_or(String::new(), |e| format!(", extra body {e}")),
         w.burstiness,
+        w.warmup_fraction,
+        w.window_end_fraction,
     );
     let info = RunInfo {
         label: String::new(),
@@ -318,19 +351,39 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         params,
         has_slo: !w.goodput.is_empty(),
     };
-    Ok(Prepared { prompts, seed, options, info, desc })
+    Ok(Prepared { prompts, seed, options, info, desc, max_tokens_rule, patience })
 }
 
 fn api_of(endpoint: &str) -> Api {
-    Target { label: String::new(), base_url: String::new(), endpoint: endpoint.into(), model: String::new(), api_key: None }.api()
+    Target { label: String::new(), base_url: String::new(), endpoint: endpoint.into(), model: String::new(), api_key: None, max_model_len: None }
+        .api()
 }
 
 async fn target(client: &reqwest::Client, label: &str, base_url: &str, w: &WorkloadArgs) -> Result<Target> {
-    let model = match &w.model {
-        Some(m) => m.clone(),
-        None => first_model(client, base_url, w.api_key.as_deref()).await?,
+    let listed = first_model(client, base_url, w.api_key.as_deref()).await;
+    let (model, max_model_len) = match (&w.model, listed) {
+        (Some(m), Ok((_, len))) => (m.clone(), len),
+        (Some(m), Err(_)) => (m.clone(), None),
+        (None, listed) => listed?,
     };
-    Ok(Target { label: label.into(), base_url: base_url.into(), endpoint: w.endpoint.clone(), model, api_key: w.api_key.clone() })
+    Ok(Target { label: label.into(), base_url: base_url.into(), endpoint: w.endpoint.clone(), model, api_key: w.api_key.clone(), max_model_len })
+}
+
+/// Template tokens a chat endpoint may add around a prompt, kept free when `max_tokens` is cut
+/// to the server's room.
+const TEMPLATE_MARGIN: usize = 64;
+
+/// The workload of one run: `prompts` on `schedule`, `max_tokens` by `rule` within the target's
+/// room, and the clients' patience.
+pub fn workload_for(target: &Target, prompts: &[Prompt], schedule: Vec<f64>, rule: MaxTokensRule, patience: &[f64]) -> Workload {
+    let max_tokens = prompts
+        .iter()
+        .map(|p| {
+            let room = target.max_model_len.map_or(usize::MAX, |len| len.saturating_sub(p.prompt_len + TEMPLATE_MARGIN).max(1));
+            rule.max_tokens(p.output_len, room)
+        })
+        .collect();
+    Workload { prompts: prompts.to_vec(), schedule, max_tokens, patience: patience.to_vec() }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -359,7 +412,7 @@ pub async fn serve(a: &ServeArgs) -> Result<crate::report::BenchResult> {
     let client = http_client(w.max_concurrency.unwrap_or(256))?;
     let t = target(&client, &a.label, &a.base_url, w).await?;
     eprintln!("{}; offered {} req/s", p.desc, a.request_rate);
-    let workload = Workload { schedule: process.schedule(p.prompts.len(), p.seed), prompts: p.prompts };
+    let workload = workload_for(&t, &p.prompts, process.schedule(p.prompts.len(), p.seed), p.max_tokens_rule, &p.patience);
     let run = run_load(&client, &t, &workload, &p.options).await;
     let info = RunInfo {
         label: t.label.clone(),
@@ -402,6 +455,8 @@ fn sweep_spec(l: &LoadArgs, p: Prepared) -> Result<SweepSpec> {
     }
     Ok(SweepSpec {
         prompts: p.prompts,
+        max_tokens_rule: p.max_tokens_rule,
+        patience: p.patience,
         seed: p.seed,
         burstiness: p.info.burstiness,
         options: p.options,
@@ -414,20 +469,22 @@ fn sweep_spec(l: &LoadArgs, p: Prepared) -> Result<SweepSpec> {
 
 /// `pace bench sweep`.
 pub async fn sweep(a: &SweepArgs) -> Result<()> {
+    let prov = crate::provenance::collect();
     let w = &a.workload;
     let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-{}", date())));
     let client = http_client(256)?;
     let t = target(&client, &a.label, &a.base_url, w).await?;
     let points = run_series(&client, &t, &spec, &dir).await?;
-    let series = vec![(t.label.clone(), points)];
-    write_report(&dir, &format!("pace bench sweep: {} ({})", t.label, t.base_url), &spec, &series)?;
+    let mut series = vec![(t.label.clone(), points)];
+    write_report(&dir, &format!("pace bench sweep: {} ({})", t.label, t.base_url), &spec, &mut series, &prov)?;
     println!("wrote {}", dir.join("report.md").display());
     Ok(())
 }
 
 /// `pace bench ab`.
 pub async fn ab(a: &AbArgs) -> Result<()> {
+    let prov = crate::provenance::collect();
     let w = &a.workload;
     if !a.labels.is_empty() && a.labels.len() != a.base_urls.len() {
         bail!("--labels needs one label per --base-urls entry");
@@ -471,8 +528,8 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
             series.push((policy.clone(), points));
         }
     }
-    let names: Vec<&str> = series.iter().map(|(l, _)| l.as_str()).collect();
-    write_report(&dir, &format!("pace bench ab: {}", names.join(" vs ")), &spec, &series)?;
+    let title = format!("pace bench ab: {}", series.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>().join(" vs "));
+    write_report(&dir, &title, &spec, &mut series, &prov)?;
     println!("wrote {}", dir.join("report.md").display());
     Ok(())
 }

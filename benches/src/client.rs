@@ -8,7 +8,11 @@
 //!   without `[DONE]`, an error event, or `finish_reason: "error"`: `Failed`;
 //! - an error event whose code, type or message mentions "drop" (pace's `drop-late` policy):
 //!   `Dropped`;
-//! - `finish_reason: "abort"`, or the benchmark's hard time limit cutting the stream: `Aborted`;
+//! - `finish_reason: "abort"`, the benchmark's hard time limit cutting the stream, or the run
+//!   ending once its counted requests have: `Aborted`;
+//! - the client's patience running out: it closes the connection at the moment its idle latency
+//!   reaches its patience, judged from its own frame times (evaluation.md, point 3):
+//!   `Abandoned`;
 //! - otherwise, `[DONE]` after the last chunk: `Completed`.
 
 use std::time::Duration;
@@ -69,6 +73,9 @@ pub struct Target {
     /// Bearer token, if the server wants one.
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// Longest prompt plus output the server takes, if it says (`/v1/models`).
+    #[serde(default)]
+    pub max_model_len: Option<usize>,
 }
 
 impl Target {
@@ -100,8 +107,8 @@ pub struct RequestOptions {
     pub extra_body: Map<String, Value>,
 }
 
-/// The JSON body of one streaming request.
-pub fn request_body(target: &Target, prompt: &Prompt, opts: &RequestOptions) -> Value {
+/// The JSON body of one streaming request asking for `max_tokens`.
+pub fn request_body(target: &Target, prompt: &Prompt, max_tokens: usize, opts: &RequestOptions) -> Value {
     let mut body = json!({
         "model": target.model,
         "stream": true,
@@ -111,11 +118,11 @@ pub fn request_body(target: &Target, prompt: &Prompt, opts: &RequestOptions) -> 
     match target.api() {
         Api::Completions => {
             obj.insert("prompt".into(), json!(prompt.text));
-            obj.insert("max_tokens".into(), json!(prompt.output_len));
+            obj.insert("max_tokens".into(), json!(max_tokens));
         }
         Api::Chat => {
             obj.insert("messages".into(), json!([{"role": "user", "content": prompt.text}]));
-            obj.insert("max_completion_tokens".into(), json!(prompt.output_len));
+            obj.insert("max_completion_tokens".into(), json!(max_tokens));
         }
     }
     if opts.include_usage {
@@ -143,6 +150,10 @@ pub struct RequestResult {
     pub prompt_len: usize,
     /// Output tokens asked for.
     pub max_tokens: usize,
+    /// The prompt's true output length (the dataset's `output_len`): what it would produce if
+    /// served to the end, for the ceiling.
+    #[serde(default)]
+    pub true_len: usize,
     /// HTTP status, if a response head arrived.
     pub status: Option<u16>,
     /// `finish_reason` of the last chunk.
@@ -178,6 +189,29 @@ pub struct Exchange {
 /// The error of a request cut by the run's hard time limit.
 pub const CUT_BY_TIME_LIMIT: &str = "cut by the run's time limit";
 
+/// The error of an uncounted request cut when every counted request had ended.
+pub const CUT_AFTER_COUNTED: &str = "cut: every counted request had ended";
+
+/// The error of a request whose client's patience ran out.
+pub const PATIENCE_RAN_OUT: &str = "the client's patience ran out";
+
+/// A client that leaves when its idle latency reaches `patience` seconds, for reading `class`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Leave {
+    /// The reader's class (deadlines).
+    pub class: SloClass,
+    /// Seconds of idle latency it tolerates.
+    pub patience: f64,
+}
+
+/// Sleeps until `t` on `clock`, or forever for `None`.
+async fn until(clock: &Clock, t: Option<f64>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(clock.at(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Largest error body read from a refused request.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
@@ -209,15 +243,33 @@ impl Exchange {
         self.usage_prompt = c.prompt_tokens.or(self.usage_prompt);
     }
 
-    /// Runs the request, recording into `self` as it goes.
-    pub async fn run(&mut self, client: &reqwest::Client, target: &Target, body: &Value, clock: &Clock) {
+    /// When a client with `leave` gives up if no further frame comes.
+    fn departure(&self, leave: Option<Leave>) -> Option<f64> {
+        let l = leave.filter(|l| l.patience.is_finite())?;
+        Some(l.class.departure(self.arrival, self.frame_times.len(), l.patience))
+    }
+
+    fn abandon(&mut self, at: f64) {
+        self.verdict.get_or_insert(Outcome::Abandoned);
+        self.error.get_or_insert(PATIENCE_RAN_OUT.to_string());
+        self.last_read = at;
+    }
+
+    /// Runs the request, recording into `self` as it goes. With `leave`, the client closes the
+    /// connection once its idle latency reaches its patience (dropping the response does).
+    pub async fn run(&mut self, client: &reqwest::Client, target: &Target, body: &Value, clock: &Clock, leave: Option<Leave>) {
         let mut req = client.post(target.url()).header("content-type", "application/json").body(body.to_string());
         if let Some(key) = &target.api_key {
             req = req.bearer_auth(key);
         }
         self.arrival = clock.now();
         self.last_read = self.arrival;
-        let mut resp = match req.send().await {
+        let dep = self.departure(leave);
+        let sent = tokio::select! {
+            r = req.send() => r,
+            _ = until(clock, dep) => return self.abandon(dep.unwrap_or_default()),
+        };
+        let mut resp = match sent {
             Ok(r) => r,
             Err(e) => return self.fail(Outcome::Failed, format!("request failed: {e}"), clock.now()),
         };
@@ -246,7 +298,12 @@ impl Exchange {
         }
         let mut parser = SseParser::default();
         loop {
-            match resp.chunk().await {
+            let dep = self.departure(leave);
+            let chunk = tokio::select! {
+                c = resp.chunk() => c,
+                _ = until(clock, dep) => return self.abandon(dep.unwrap_or_default()),
+            };
+            match chunk {
                 Ok(Some(bytes)) => {
                     let now = clock.now();
                     self.last_read = now;
@@ -270,10 +327,11 @@ impl Exchange {
         }
     }
 
-    /// The finished request. `cut_at`: the run's time limit stopped it at that time.
-    pub fn finish(self, index: usize, scheduled: f64, prompt: &Prompt, class: SloClass, cut_at: Option<f64>) -> RequestResult {
-        let (outcome, error, end) = if let Some(t) = cut_at {
-            (Outcome::Aborted, Some(CUT_BY_TIME_LIMIT.to_string()), t)
+    /// The finished request, which asked for `max_tokens`. `cut`: the run stopped it at that
+    /// time, for that reason.
+    pub fn finish(self, index: usize, scheduled: f64, prompt: &Prompt, max_tokens: usize, class: SloClass, cut: Option<(f64, &str)>) -> RequestResult {
+        let (outcome, error, end) = if let Some((t, why)) = cut {
+            (Outcome::Aborted, Some(why.to_string()), t)
         } else if let Some(v) = self.verdict {
             (v, self.error, self.last_read)
         } else if !self.done {
@@ -292,7 +350,8 @@ impl Exchange {
             scheduled,
             record: RequestRecord { arrival: self.arrival, token_times: times, outcome, end, class },
             prompt_len: prompt.prompt_len,
-            max_tokens: prompt.output_len,
+            max_tokens,
+            true_len: prompt.output_len,
             status: self.status,
             finish_reason: self.finish_reason,
             usage_prompt_tokens: self.usage_prompt,
@@ -313,8 +372,9 @@ pub fn http_client(max_connections: usize) -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
-/// The first model a server lists on `/v1/models`.
-pub async fn first_model(client: &reqwest::Client, base_url: &str, api_key: Option<&str>) -> anyhow::Result<String> {
+/// The first model a server lists on `/v1/models`, and its `max_model_len` when the server
+/// says (vLLM and pace do).
+pub async fn first_model(client: &reqwest::Client, base_url: &str, api_key: Option<&str>) -> anyhow::Result<(String, Option<usize>)> {
     let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
     let mut req = client.get(&url);
     if let Some(k) = api_key {
@@ -322,8 +382,10 @@ pub async fn first_model(client: &reqwest::Client, base_url: &str, api_key: Opti
     }
     let resp = req.send().await.map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
     let v: Value = serde_json::from_slice(&resp.bytes().await?).map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
-    v.pointer("/data/0/id")
+    let id = v
+        .pointer("/data/0/id")
         .and_then(|x| x.as_str())
         .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("GET {url}: no model listed; pass --model"))
+        .ok_or_else(|| anyhow::anyhow!("GET {url}: no model listed; pass --model"))?;
+    Ok((id, v.pointer("/data/0/max_model_len").and_then(|x| x.as_u64()).map(|n| n as usize)))
 }

@@ -1,20 +1,29 @@
-//! Open-loop load: send a prepared workload on its schedule, with an optional concurrency cap,
-//! and stop by itself.
+//! A bounded run: send a prepared workload on its schedule (open loop) or through a concurrency
+//! cap (closed loop), with a measurement window, and stop by itself.
 //!
-//! Every run is bounded three ways: the workload has a fixed number of requests, `duration`
-//! stops sending new ones, and `time_limit` cuts whatever is still running (those requests end
-//! `Aborted` at the limit, with what they had received). Requests that a concurrency cap or the
-//! limits kept from being sent are counted as not sent and enter no metric.
+//! What is counted (evaluation.md, point 1): in an open loop, the requests *scheduled* inside
+//! `[T_warmup, T_end]`, fractions of the schedule's span, so every target counts the same
+//! requests; requests scheduled later keep the load on. In a closed loop (a concurrency cap with
+//! everything scheduled at once), requests by their place in the sequence, the same fractions of
+//! the workload. Once every counted request has ended, the run stops: nothing more is sent, and
+//! uncounted requests still in flight are cut (`Aborted`). A burst (everything at once without a
+//! cap) counts every request.
+//!
+//! Every run is bounded three ways besides: the workload has a fixed number of requests,
+//! `duration` stops sending new ones, and `time_limit` cuts whatever is still running (those
+//! requests end `Aborted` at the limit, with what they had received). Requests that were never
+//! sent are counted as not sent and enter no metric.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pace_scheduler::slo::SloClass;
+use pace_scheduler::slo::{measurement_window, SloClass};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::client::{request_body, Clock, Exchange, RequestOptions, RequestResult, Target, CUT_BY_TIME_LIMIT};
+use crate::client::{request_body, Clock, Exchange, Leave, RequestOptions, RequestResult, Target, CUT_AFTER_COUNTED, CUT_BY_TIME_LIMIT};
 use crate::dataset::Prompt;
 
 /// The requests of a run and when to send them. Built once, so A/B targets get the same one.
@@ -24,6 +33,19 @@ pub struct Workload {
     pub prompts: Vec<Prompt>,
     /// Send offsets in seconds from the start, one per prompt, non-decreasing.
     pub schedule: Vec<f64>,
+    /// `max_tokens` sent with each prompt (the client's rule applied to its true length).
+    pub max_tokens: Vec<usize>,
+    /// Each client's patience, seconds (infinite: it never leaves).
+    pub patience: Vec<f64>,
+}
+
+impl Workload {
+    /// `prompts` on `schedule`, each asking for its `output_len`, clients who never leave.
+    pub fn new(prompts: Vec<Prompt>, schedule: Vec<f64>) -> Self {
+        let max_tokens = prompts.iter().map(|p| p.output_len).collect();
+        let patience = vec![f64::INFINITY; prompts.len()];
+        Self { prompts, schedule, max_tokens, patience }
+    }
 }
 
 /// How a run is driven and bounded.
@@ -37,8 +59,13 @@ pub struct LoadOptions {
     pub time_limit: f64,
     /// Body options.
     pub request: RequestOptions,
-    /// Reading class recorded with each request (smooth goodput).
+    /// Reading class recorded with each request (smooth goodput) and used by patient clients.
     pub class: SloClass,
+    /// Start of the measurement window, fraction of the schedule's span (closed loop: of the
+    /// requests).
+    pub warmup_fraction: f64,
+    /// End of the measurement window, same unit.
+    pub window_end_fraction: f64,
     /// Draw a progress bar on stderr (only where stderr is a terminal).
     pub progress: bool,
 }
@@ -48,12 +75,29 @@ pub struct LoadOptions {
 pub struct LoadRun {
     /// Every request that was sent, in workload order.
     pub results: Vec<RequestResult>,
-    /// Workload requests never sent (duration, time limit, or waiting for a slot at the limit).
+    /// Workload requests never sent (the run ended first, duration, time limit, or waiting for
+    /// a slot at the limit).
     pub not_sent: usize,
     /// The hard time limit cut the run.
     pub time_limit_hit: bool,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
+    /// Counted requests: workload indices `counted.0..counted.1`.
+    pub counted: (usize, usize),
+    /// The measurement window, seconds from the start of the run: scheduled times (open loop),
+    /// or the send times of the first counted request and of the first one after them (closed
+    /// loop), or the first send and the last end (a burst).
+    pub window: (f64, f64),
+    /// Requests were held back by a concurrency cap with everything scheduled at once.
+    pub closed_loop: bool,
+}
+
+impl LoadRun {
+    /// The results of the counted requests that were sent.
+    pub fn counted_results(&self) -> impl Iterator<Item = &RequestResult> {
+        let (lo, hi) = self.counted;
+        self.results.iter().filter(move |r| (lo..hi).contains(&r.index))
+    }
 }
 
 fn progress_bar(n: usize, on: bool) -> ProgressBar {
@@ -67,44 +111,102 @@ fn progress_bar(n: usize, on: bool) -> ProgressBar {
     pb
 }
 
+/// The counted index range and the open-loop window of `workload` under `opts`.
+fn counted_range(workload: &Workload, opts: &LoadOptions, send_until: f64) -> ((usize, usize), (f64, f64), bool) {
+    let planned = workload.schedule.partition_point(|&t| t < send_until);
+    let m = planned;
+    let span = match (workload.schedule.first(), workload.schedule[..m].last()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => (0.0, 0.0),
+    };
+    let burst = span.1 <= span.0;
+    let closed = burst && opts.max_concurrency.is_some();
+    // A window that holds no request (a handful of requests, or --duration cut the schedule)
+    // counts them all, as a burst does.
+    let everything = ((0, m), (0.0, 0.0), false);
+    if closed {
+        let at = |f: f64| ((f * m as f64).floor() as usize).min(m);
+        let lo = at(opts.warmup_fraction);
+        let hi = at(opts.window_end_fraction);
+        if hi > lo {
+            ((lo, hi), (0.0, 0.0), true)
+        } else {
+            everything
+        }
+    } else if burst {
+        everything
+    } else {
+        let (w0, w1) = measurement_window(span.0, span.1, opts.warmup_fraction, opts.window_end_fraction);
+        let lo = workload.schedule[..m].partition_point(|&t| t < w0);
+        let hi = workload.schedule[..m].partition_point(|&t| t <= w1);
+        if hi > lo {
+            ((lo, hi), (w0, w1), false)
+        } else {
+            everything
+        }
+    }
+}
+
 /// Runs `workload` against `target`.
 pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Workload, opts: &LoadOptions) -> LoadRun {
     let clock = Clock::start();
     let hard = clock.at(opts.time_limit);
     let send_until = opts.duration.unwrap_or(f64::INFINITY).min(opts.time_limit);
+    let (counted, mut window, closed_loop) = counted_range(workload, opts, send_until);
+    let burst = !closed_loop && window == (0.0, 0.0);
     let slots = opts.max_concurrency.map(|n| Arc::new(Semaphore::new(n.max(1))));
     let pb = progress_bar(workload.prompts.len(), opts.progress);
     let target = Arc::new(target.clone());
+    // Counted requests still to end; when none are left, `stop` tells everyone.
+    let left = Arc::new(AtomicUsize::new(counted.1 - counted.0));
+    let (stop_tx, stop_rx) = watch::channel(counted.1 == counted.0);
+    let stop_tx = Arc::new(stop_tx);
     let mut tasks = JoinSet::new();
-    let mut planned = 0;
+    let mut stop = stop_rx.clone();
     for (index, (prompt, &at)) in workload.prompts.iter().zip(&workload.schedule).enumerate() {
-        if at >= send_until {
+        if at >= send_until || *stop.borrow() {
             break;
         }
-        tokio::time::sleep_until(clock.at(at)).await;
-        planned += 1;
+        tokio::select! {
+            _ = tokio::time::sleep_until(clock.at(at)) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
         let (client, target, slots, pb) = (client.clone(), Arc::clone(&target), slots.clone(), pb.clone());
-        let body = request_body(&target, prompt, &opts.request);
+        let max_tokens = workload.max_tokens.get(index).copied().unwrap_or(prompt.output_len);
+        let body = request_body(&target, prompt, max_tokens, &opts.request);
         let (prompt, class) = (prompt.clone(), opts.class);
+        let leave = workload.patience.get(index).filter(|p| p.is_finite()).map(|&patience| Leave { class, patience });
+        let is_counted = (counted.0..counted.1).contains(&index);
+        let (left, stop_tx, mut stop) = (Arc::clone(&left), Arc::clone(&stop_tx), stop_rx.clone());
         tasks.spawn(async move {
             let _slot = match slots {
-                Some(s) => match tokio::time::timeout_at(hard, s.acquire_owned()).await {
-                    Ok(Ok(permit)) => Some(permit),
-                    _ => return None,
-                },
+                Some(s) => {
+                    let acquired = tokio::select! {
+                        p = tokio::time::timeout_at(hard, s.acquire_owned()) => p.ok().and_then(Result::ok),
+                        _ = stop.wait_for(|s| *s) => None,
+                    };
+                    Some(acquired?)
+                }
                 None => None,
             };
-            if clock.now() >= send_until {
+            if clock.now() >= send_until || *stop.borrow() {
                 return None;
             }
             let mut ex = Exchange::default();
-            let cut = tokio::time::timeout_at(hard, ex.run(&client, &target, &body, &clock)).await.is_err();
-            let result = ex.finish(index, at, &prompt, class, cut.then(|| clock.now()));
+            let cut = tokio::select! {
+                r = tokio::time::timeout_at(hard, ex.run(&client, &target, &body, &clock, leave)) => r.is_err().then_some(CUT_BY_TIME_LIMIT),
+                // Only uncounted requests are cut when the counted ones are done.
+                _ = stop.wait_for(|s| *s), if !is_counted => Some(CUT_AFTER_COUNTED),
+            };
+            let result = ex.finish(index, at, &prompt, max_tokens, class, cut.map(|why| (clock.now(), why)));
             pb.inc(1);
+            if is_counted && left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let _ = stop_tx.send(true);
+            }
             Some(result)
         });
     }
-    let mut results = Vec::with_capacity(planned);
+    let mut results = Vec::with_capacity(workload.prompts.len());
     while let Some(joined) = tasks.join_next().await {
         if let Ok(Some(r)) = joined {
             results.push(r);
@@ -113,5 +215,22 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
     pb.finish_and_clear();
     results.sort_by_key(|r| r.index);
     let time_limit_hit = results.iter().any(|r| r.error.as_deref() == Some(CUT_BY_TIME_LIMIT)) || clock.now() >= opts.time_limit;
-    LoadRun { not_sent: workload.prompts.len() - results.len(), results, time_limit_hit, wall_s: clock.now() }
+    let sent_at = |i: usize| results.iter().find(|r| r.index == i).map(|r| r.record.arrival);
+    if closed_loop {
+        let end = results.iter().map(|r| r.record.end).fold(0.0, f64::max);
+        window = (sent_at(counted.0).unwrap_or(0.0), sent_at(counted.1).unwrap_or(end));
+    } else if burst {
+        let first = results.iter().map(|r| r.record.arrival).fold(f64::INFINITY, f64::min);
+        let end = results.iter().map(|r| r.record.end).fold(f64::NEG_INFINITY, f64::max);
+        window = if results.is_empty() { (0.0, 0.0) } else { (first, end.max(first)) };
+    }
+    LoadRun {
+        not_sent: workload.prompts.len() - results.len(),
+        results,
+        time_limit_hit,
+        wall_s: clock.now(),
+        counted,
+        window,
+        closed_loop,
+    }
 }

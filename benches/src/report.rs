@@ -1,14 +1,17 @@
 //! One run's result: metrics from `pace_scheduler::slo`, the vLLM-style table, and the result
 //! file.
 //!
-//! Every number comes from [`WindowStats::compute`] over the run's request records, windowed
-//! from the first request sent to the last request's end (client-side arrival and delivery
-//! times, metrics.md). The JSON uses the field names of `vllm bench serve`'s result file where
-//! the concept is the same (`duration`, `completed`, `failed`, `request_throughput`,
-//! `request_goodput`, `output_throughput`, `mean_ttft_ms`, `p99_tpot_ms`, ...), and adds pace's
-//! (`rejected`, `dropped`, `aborted`, `token_goodput`, `smooth_goodput`, `attainment`,
-//! `*_idle_ms`) and per-request timelines. Differences from vLLM: `failed` counts HTTP and
-//! stream errors only; rejections (429/503), drops and aborts have their own counts.
+//! Every number comes from [`WindowStats`] over the run's *counted* requests and its
+//! measurement window (client-side arrival and delivery times, metrics.md; the window and what
+//! is counted: [`crate::load`]). The JSON uses the field names of `vllm bench serve`'s result
+//! file where the concept is the same (`duration`, `completed`, `failed`, `request_throughput`,
+//! `request_goodput`, `output_throughput`, `mean_ttft_ms`, `p99_tpot_ms`, ...), adds pace's
+//! (`rejected`, `dropped`, `aborted`, `abandoned`, `token_goodput`, `smooth_goodput`,
+//! `benefit_per_request`, `attainment`, `*_idle_ms`, the shares and the latencies over
+//! everyone, named as `pace sim --json` names them) and per-request timelines. Differences from
+//! vLLM: `duration` is the measurement window, and the counts are of counted requests; `failed`
+//! counts HTTP and stream errors only; rejections (429/503), drops, aborts and clients who left
+//! have their own counts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -69,8 +72,18 @@ pub struct BenchResult {
     pub burstiness: f64,
     /// See [`RunInfo::max_concurrency`].
     pub max_concurrency: Option<usize>,
-    /// Window length, seconds (first send to last end).
+    /// Measurement window, seconds (see [`crate::load`]); every rate is over it.
     pub duration: f64,
+    /// Same as `duration`, under `pace sim`'s name.
+    pub window_s: f64,
+    /// Wall time of the whole run, seconds.
+    pub wall_s: f64,
+    /// Counted requests (sent in the window; closed loop: by place in the sequence).
+    pub counted: usize,
+    /// Counted requests that were never sent (the time limit or --duration came first).
+    pub counted_not_sent: usize,
+    /// The run was a closed loop (concurrency cap, everything scheduled at once).
+    pub closed_loop: bool,
     /// Completed requests.
     pub completed: usize,
     /// HTTP or stream errors.
@@ -81,6 +94,8 @@ pub struct BenchResult {
     pub dropped: usize,
     /// Aborted (server `finish_reason: abort`, or cut by the time limit).
     pub aborted: usize,
+    /// Clients whose patience ran out.
+    pub abandoned: usize,
     /// Workload requests never sent.
     pub not_sent: usize,
     /// Prompt tokens of completed requests.
@@ -93,8 +108,40 @@ pub struct BenchResult {
     pub request_goodput: Option<f64>,
     /// Output tokens of passed requests per second (null without `--goodput`).
     pub token_goodput: Option<f64>,
-    /// Benefit per second.
+    /// Counted benefit per second of the window.
     pub smooth_goodput: f64,
+    /// Half-width of a 95% interval of `smooth_goodput` from the spread of the counted
+    /// requests' benefits (`1.96 * sqrt(n) * sd / window`): sampling noise of one run.
+    pub smooth_goodput_ci95: f64,
+    /// Counted benefit per counted request (a refusal scores 0; closed loops: per request sent).
+    pub benefit_per_request: f64,
+    /// rejected / counted.
+    pub rejected_frac: f64,
+    /// dropped / counted.
+    pub dropped_frac: f64,
+    /// abandoned / counted.
+    pub abandoned_frac: f64,
+    /// Work on counted requests whose client left, over the work on all counted requests, as
+    /// the client can see it: prompt plus delivered tokens of requests that got a token.
+    pub wasted_tokens_frac: f64,
+    /// Output tokens per second the counted requests would receive if served to the end:
+    /// `min(true length, max_tokens)` summed over the window (the true length is the
+    /// dataset's `output_len`).
+    pub offered_output_tps: f64,
+    /// The ceiling `min(offered_output_tps, Theta)`; null until a sweep knows `Theta`.
+    pub ceiling: Option<f64>,
+    /// `smooth_goodput / ceiling` (closed loops: `benefit_per_request / ceiling`).
+    pub ceiling_fraction: Option<f64>,
+    /// Seconds, completed requests.
+    pub tpot_p50_served: f64,
+    /// Seconds, completed requests.
+    pub ttft_p99_served: f64,
+    /// Seconds, every counted request (one without a token counts its whole wait).
+    pub ttft_p99_all: f64,
+    /// Seconds, completed requests.
+    pub idle_p99_served: f64,
+    /// Seconds, every counted request.
+    pub idle_p99_all: f64,
     /// Passed over completed (null without `--goodput`).
     pub attainment: Option<f64>,
     /// Passed over every request sent (null without `--goodput`).
@@ -147,15 +194,13 @@ fn now_stamp() -> String {
     utc_stamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
 }
 
-/// Aggregates a run.
+/// Aggregates a run's counted requests over its window.
 pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
-    let records: Vec<_> = run.results.iter().map(|r| r.record.clone()).collect();
-    let start = records.iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
-    let end = records.iter().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
-    let (start, end) = if records.is_empty() { (0.0, 0.0) } else { (start, end.max(start)) };
-    let s = WindowStats::compute(&records, start, end, &info.params);
+    let counted: Vec<&RequestResult> = run.counted_results().collect();
+    let records: Vec<_> = counted.iter().map(|r| r.record.clone()).collect();
+    let s = WindowStats::aggregate(&records, (run.window.1 - run.window.0).max(0.0), &info.params);
     let window = s.window_s.max(f64::MIN_POSITIVE);
-    let completed: Vec<&RequestResult> = run.results.iter().filter(|r| r.record.outcome == Outcome::Completed).collect();
+    let completed: Vec<&&RequestResult> = counted.iter().filter(|r| r.record.outcome == Outcome::Completed).collect();
     let total_input_tokens: usize = completed.iter().map(|r| r.prompt_len).sum();
     let mut latency_ms = BTreeMap::new();
     for (name, d) in [("ttft", &s.ttft), ("tpot", &s.tpot), ("itl", &s.itl), ("e2el", &s.e2e), ("idle", &s.idle)] {
@@ -163,6 +208,19 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
             latency_ms.insert(format!("{stat}_{name}_ms"), v * 1e3);
         }
     }
+    let benefits: Vec<f64> = records.iter().map(|r| r.benefit(&info.params)).collect();
+    let n = benefits.len() as f64;
+    let sd = if benefits.len() > 1 {
+        let mean = benefits.iter().sum::<f64>() / n;
+        (benefits.iter().map(|b| (b - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    let work = |r: &RequestResult| if r.record.num_tokens() > 0 { r.prompt_len + r.record.num_tokens() } else { 0 };
+    let work_all: usize = counted.iter().map(|r| work(r)).sum();
+    let work_left: usize = counted.iter().filter(|r| r.record.outcome == Outcome::Abandoned).map(|r| work(r)).sum();
+    let offered: usize = counted.iter().map(|r| r.true_len.min(r.max_tokens)).sum();
+    let (lo, hi) = run.counted;
     let slo = |v: f64| info.has_slo.then_some(v);
     BenchResult {
         date: now_stamp(),
@@ -175,11 +233,17 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
         burstiness: info.burstiness,
         max_concurrency: info.max_concurrency,
         duration: s.window_s,
+        window_s: s.window_s,
+        wall_s: run.wall_s,
+        counted: s.offered,
+        counted_not_sent: (hi - lo) - counted.len(),
+        closed_loop: run.closed_loop,
         completed: s.completed,
         failed: s.failed,
         rejected: s.rejected,
         dropped: s.dropped,
         aborted: s.aborted,
+        abandoned: s.abandoned,
         not_sent: run.not_sent,
         total_input_tokens,
         total_output_tokens: s.output_tokens,
@@ -187,6 +251,20 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
         request_goodput: slo(s.request_goodput),
         token_goodput: slo(s.token_goodput),
         smooth_goodput: s.smooth_goodput,
+        smooth_goodput_ci95: 1.96 * n.sqrt() * sd / window,
+        benefit_per_request: s.benefit_per_request,
+        rejected_frac: s.rejected_frac,
+        dropped_frac: s.dropped_frac,
+        abandoned_frac: s.abandoned_frac,
+        wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
+        offered_output_tps: offered as f64 / window,
+        ceiling: None,
+        ceiling_fraction: None,
+        tpot_p50_served: s.tpot_served.p50,
+        ttft_p99_served: s.ttft_served.p99,
+        ttft_p99_all: s.ttft_all.p99,
+        idle_p99_served: s.idle_served.p99,
+        idle_p99_all: s.idle_all.p99,
         attainment: slo(s.attainment),
         attainment_offered: slo(s.attainment_offered),
         output_throughput: s.output_throughput,
@@ -228,6 +306,7 @@ pub fn table(r: &BenchResult) -> String {
     row("Rejected requests (429/503):", r.rejected.to_string());
     row("Dropped requests (by the server):", r.dropped.to_string());
     row("Aborted requests:", r.aborted.to_string());
+    row("Clients who left (patience):", r.abandoned.to_string());
     if r.not_sent > 0 {
         row("Not sent (duration/time limit):", r.not_sent.to_string());
     }
@@ -237,7 +316,9 @@ pub fn table(r: &BenchResult) -> String {
     if r.info.request_rate.is_finite() {
         row("Request rate configured (RPS):", format!("{:.2}", r.info.request_rate));
     }
-    row("Benchmark duration (s):", format!("{:.2}", r.duration));
+    row("Counted requests:", format!("{} of {} sent", r.counted, r.timelines.len()));
+    row("Measurement window (s):", format!("{:.2}", r.duration));
+    row("Benchmark duration (s):", format!("{:.2}", r.wall_s));
     row("Total input tokens:", r.total_input_tokens.to_string());
     row("Total generated tokens:", r.total_output_tokens.to_string());
     row("Request throughput (req/s):", format!("{:.2}", r.request_throughput));
@@ -257,8 +338,17 @@ pub fn table(r: &BenchResult) -> String {
             p.alpha,
             p.penalty
         ),
-        format!("{:.2}", r.smooth_goodput),
+        format!("{:.2} ± {:.2}", r.smooth_goodput, r.smooth_goodput_ci95),
     );
+    row("Benefit per counted request:", format!("{:.2}", r.benefit_per_request));
+    if let (Some(c), Some(f)) = (r.ceiling, r.ceiling_fraction) {
+        row("Ceiling (tok/s) and fraction reached:", format!("{c:.2} ({:.1}%)", f * 100.0));
+    }
+    row(
+        "Rejected / dropped / left (share of counted):",
+        format!("{:.1}% / {:.1}% / {:.1}%", r.rejected_frac * 100.0, r.dropped_frac * 100.0, r.abandoned_frac * 100.0),
+    );
+    row("Work on clients who left (client view):", format!("{:.1}%", r.wasted_tokens_frac * 100.0));
     for (key, name, title) in [
         ("ttft", "TTFT", "Time to First Token"),
         ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::arrivals::ArrivalProcess;
 use crate::client::Target;
-use crate::load::{run_load, LoadOptions, Workload};
+use crate::load::{run_load, LoadOptions};
 use crate::plots::{write_chart, write_grid, Chart, Line, Threshold};
+use crate::provenance::Provenance;
 use crate::report::{summarize, table, BenchResult, RunInfo};
 
 /// What the sweep varies.
@@ -62,6 +63,10 @@ pub struct Load {
 pub struct SweepSpec {
     /// Prompts, identical for every point and target.
     pub prompts: Vec<crate::dataset::Prompt>,
+    /// What clients send as max_tokens.
+    pub max_tokens_rule: pace_scheduler::slo::MaxTokensRule,
+    /// Each request's patience, seconds.
+    pub patience: Vec<f64>,
     /// Arrival seed.
     pub seed: u64,
     /// Gamma shape of arrival gaps.
@@ -102,8 +107,43 @@ pub struct PointSummary {
     pub request_goodput: f64,
     /// Output tokens of passed requests per second.
     pub token_goodput: f64,
-    /// Benefit per second.
+    /// Counted benefit per second of the window.
     pub smooth_goodput: f64,
+    /// Half-width of its 95% interval from the spread of the requests' benefits.
+    pub smooth_goodput_ci95: f64,
+    /// Counted benefit per counted request (closed loops: per request sent).
+    pub benefit_per_request: f64,
+    /// Measurement window, seconds.
+    pub window_s: f64,
+    /// Counted requests.
+    pub counted: usize,
+    /// Output tokens per second the counted requests would receive if served to the end.
+    pub offered_output_tps: f64,
+    /// The ceiling (open loop: `min(offered_output_tps, Theta)` tok/s; closed loop: best
+    /// benefit per request, fluid model), set when the report is written.
+    pub ceiling: f64,
+    /// `smooth_goodput / ceiling` (closed loop: `benefit_per_request / ceiling`).
+    pub ceiling_fraction: f64,
+    /// rejected / counted.
+    pub rejected_frac: f64,
+    /// dropped / counted.
+    pub dropped_frac: f64,
+    /// abandoned / counted.
+    pub abandoned_frac: f64,
+    /// Work on clients who left, client view.
+    pub wasted_tokens_frac: f64,
+    /// Seconds, completed requests.
+    pub tpot_p50_served: f64,
+    /// Seconds, completed requests.
+    pub ttft_p99_served: f64,
+    /// Seconds, every counted request.
+    pub ttft_p99_all: f64,
+    /// Seconds, completed requests.
+    pub idle_p99_served: f64,
+    /// Seconds, every counted request.
+    pub idle_p99_all: f64,
+    /// Mean true output length of the counted requests, capped by their max_tokens.
+    pub mean_served_len: f64,
     /// Passed over completed.
     pub attainment: f64,
     /// Passed over sent.
@@ -132,6 +172,8 @@ pub struct PointSummary {
     pub dropped: usize,
     /// Aborted.
     pub aborted: usize,
+    /// Clients who left.
+    pub abandoned: usize,
     /// Never sent.
     pub not_sent: usize,
     /// File with the full result, relative to the report directory.
@@ -149,6 +191,23 @@ impl PointSummary {
             request_goodput: s.request_goodput,
             token_goodput: s.token_goodput,
             smooth_goodput: s.smooth_goodput,
+            smooth_goodput_ci95: r.smooth_goodput_ci95,
+            benefit_per_request: r.benefit_per_request,
+            window_s: r.window_s,
+            counted: r.counted,
+            offered_output_tps: r.offered_output_tps,
+            ceiling: 0.0,
+            ceiling_fraction: 0.0,
+            rejected_frac: r.rejected_frac,
+            dropped_frac: r.dropped_frac,
+            abandoned_frac: r.abandoned_frac,
+            wasted_tokens_frac: r.wasted_tokens_frac,
+            tpot_p50_served: r.tpot_p50_served,
+            ttft_p99_served: r.ttft_p99_served,
+            ttft_p99_all: r.ttft_p99_all,
+            idle_p99_served: r.idle_p99_served,
+            idle_p99_all: r.idle_p99_all,
+            mean_served_len: r.offered_output_tps * r.window_s / r.counted.max(1) as f64,
             attainment: s.attainment,
             attainment_offered: s.attainment_offered,
             ttft_p50: s.ttft.p50,
@@ -163,6 +222,7 @@ impl PointSummary {
             rejected: s.rejected,
             dropped: s.dropped,
             aborted: s.aborted,
+            abandoned: s.abandoned,
             not_sent: r.not_sent,
             result_file,
         }
@@ -180,7 +240,7 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
     let mut out = Vec::new();
     for load in &spec.loads {
         let schedule = ArrivalProcess::new(load.rate, spec.burstiness)?.schedule(spec.prompts.len(), spec.seed);
-        let workload = Workload { prompts: spec.prompts.clone(), schedule };
+        let workload = crate::cli::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience);
         let opts = LoadOptions { max_concurrency: load.max_concurrency, ..spec.options.clone() };
         let info = RunInfo {
             label: target.label.clone(),
@@ -207,92 +267,148 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
 pub struct Headline {
     /// Target label.
     pub label: String,
-    /// Highest load with at least 90% of sent requests passing the binary SLO (DistServe).
+    /// Highest load with at least 90% of counted requests passing the binary SLO (DistServe).
     pub capacity_90: Option<f64>,
     /// Load at which smooth goodput peaked, and the peak.
     pub smooth_peak: Option<(f64, f64)>,
+    /// Lowest fraction of the ceiling over the loads, and the load.
+    pub worst_ceiling_fraction: Option<(f64, f64)>,
     /// Largest request goodput, req/s.
     pub max_request_goodput: f64,
     /// Largest token goodput, tok/s.
     pub max_token_goodput: f64,
 }
 
-/// Headline numbers of one target's points. Capacity uses attainment over requests sent, so a
-/// server cannot raise it by rejecting requests.
+/// Headline numbers of one target's points. Capacity uses attainment over counted requests, so
+/// a server cannot raise it by rejecting requests.
 pub fn headline(label: &str, points: &[PointSummary]) -> Headline {
     let att: Vec<(f64, f64)> = points.iter().map(|p| (p.load, p.attainment_offered)).collect();
     let smooth_peak = points.iter().max_by(|a, b| a.smooth_goodput.total_cmp(&b.smooth_goodput)).map(|p| (p.load, p.smooth_goodput));
+    let worst = points.iter().min_by(|a, b| a.ceiling_fraction.total_cmp(&b.ceiling_fraction)).map(|p| (p.load, p.ceiling_fraction));
     Headline {
         label: label.to_string(),
         capacity_90: capacity(&att, 0.9),
         smooth_peak,
+        worst_ceiling_fraction: worst,
         max_request_goodput: points.iter().map(|p| p.request_goodput).fold(0.0, f64::max),
         max_token_goodput: points.iter().map(|p| p.token_goodput).fold(0.0, f64::max),
     }
 }
 
-type Metric = (&'static str, &'static str, &'static str, fn(&PointSummary) -> f64);
+/// The ceiling's `Theta` of a sweep (evaluation.md, point 7): the largest output throughput any
+/// target reached at the highest load of a rate sweep, or at any point of a concurrency sweep.
+pub fn theta(series: &[(String, Vec<PointSummary>)], axis: Axis) -> f64 {
+    let top = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.load)).fold(f64::NEG_INFINITY, f64::max);
+    series
+        .iter()
+        .flat_map(|(_, p)| p.iter())
+        .filter(|p| axis == Axis::Concurrency || p.load == top)
+        .map(|p| p.output_throughput)
+        .fold(0.0, f64::max)
+}
 
-/// Plotted metrics: file stem, title, unit, value (already in the unit).
-const METRICS: [Metric; 14] = [
-    ("output_throughput", "Output token throughput", "tokens / s", |p| p.output_throughput),
-    ("request_throughput", "Request throughput", "requests / s", |p| p.request_throughput),
-    ("request_goodput", "Request goodput (binary SLO)", "requests / s", |p| p.request_goodput),
-    ("token_goodput", "Token goodput (binary SLO)", "tokens / s", |p| p.token_goodput),
-    ("smooth_goodput", "Smooth goodput", "benefit / s", |p| p.smooth_goodput),
-    ("attainment", "SLO attainment (of requests sent)", "fraction of requests", |p| p.attainment_offered),
-    ("ttft_p50", "TTFT p50", "seconds", |p| p.ttft_p50),
-    ("ttft_p99", "TTFT p99", "seconds", |p| p.ttft_p99),
-    ("tpot_p50", "TPOT p50", "milliseconds", |p| p.tpot_p50 * 1e3),
-    ("tpot_p99", "TPOT p99", "milliseconds", |p| p.tpot_p99 * 1e3),
-    ("idle_p50", "User idle latency p50", "seconds", |p| p.idle_p50),
-    ("idle_p99", "User idle latency p99", "seconds", |p| p.idle_p99),
-    ("rejected", "Rejected at admission (429/503)", "requests", |p| p.rejected as f64),
-    ("failed_dropped", "Failed + dropped + aborted", "requests", |p| (p.failed + p.dropped + p.aborted) as f64),
+/// Sets every point's ceiling and fraction of it, from `theta`.
+pub fn set_ceilings(series: &mut [(String, Vec<PointSummary>)], axis: Axis, theta: f64, params: &SloParams) {
+    for p in series.iter_mut().flat_map(|(_, p)| p.iter_mut()) {
+        (p.ceiling, p.ceiling_fraction) = match axis {
+            Axis::RequestRate => {
+                let c = pace_scheduler::slo::ceiling(p.offered_output_tps, theta);
+                (c, pace_scheduler::slo::ceiling_fraction(p.smooth_goodput, c))
+            }
+            Axis::Concurrency => {
+                let c = pace_scheduler::sim::closed_loop_ceiling(p.load as usize, p.mean_served_len, theta, params);
+                (c, pace_scheduler::slo::ceiling_fraction(p.benefit_per_request, c))
+            }
+        };
+    }
+}
+
+type Metric = (&'static str, &'static str, &'static str, fn(&PointSummary) -> f64, Option<fn(&PointSummary) -> f64>);
+
+/// Plotted metrics: file stem, title, unit, value (already in the unit), 95% half-width.
+const METRICS: [Metric; 20] = [
+    ("smooth_goodput", "Smooth goodput (counted benefit / window)", "benefit / s", |p| p.smooth_goodput, Some(|p| p.smooth_goodput_ci95)),
+    ("ceiling_fraction", "Smooth goodput / ceiling", "fraction of the ceiling", |p| p.ceiling_fraction, None),
+    ("benefit_per_request", "Benefit per counted request", "benefit / request", |p| p.benefit_per_request, None),
+    ("output_throughput", "Output token throughput (counted)", "tokens / s", |p| p.output_throughput, None),
+    ("request_throughput", "Request throughput (counted)", "requests / s", |p| p.request_throughput, None),
+    ("request_goodput", "Request goodput (binary SLO)", "requests / s", |p| p.request_goodput, None),
+    ("token_goodput", "Token goodput (binary SLO)", "tokens / s", |p| p.token_goodput, None),
+    ("attainment", "SLO attainment (of counted requests)", "fraction of requests", |p| p.attainment_offered, None),
+    ("ttft_p50", "TTFT p50", "seconds", |p| p.ttft_p50, None),
+    ("ttft_p99", "TTFT p99 of served requests", "seconds", |p| p.ttft_p99_served, None),
+    ("ttft_p99_all", "TTFT p99 over every counted request", "seconds", |p| p.ttft_p99_all, None),
+    ("tpot_p50", "TPOT p50 of served requests", "milliseconds", |p| p.tpot_p50_served * 1e3, None),
+    ("tpot_p99", "TPOT p99", "milliseconds", |p| p.tpot_p99 * 1e3, None),
+    ("idle_p50", "User idle latency p50", "seconds", |p| p.idle_p50, None),
+    ("idle_p99", "User idle latency p99 of served requests", "seconds", |p| p.idle_p99_served, None),
+    ("idle_p99_all", "User idle latency p99 over every counted request", "seconds", |p| p.idle_p99_all, None),
+    ("rejected", "Rejected at admission (429/503)", "share of counted", |p| p.rejected_frac, None),
+    ("abandoned", "Clients who left (patience)", "share of counted", |p| p.abandoned_frac, None),
+    ("wasted", "Work on clients who left (client view)", "share of work", |p| p.wasted_tokens_frac, None),
+    ("failed_dropped", "Failed + dropped + aborted", "requests", |p| (p.failed + p.dropped + p.aborted) as f64, None),
 ];
 
 fn threshold(name: &str, slo: &BinarySlo) -> Option<Threshold> {
     match name {
-        "ttft_p50" | "ttft_p99" => slo.ttft.map(|v| Threshold { value: v, label: format!("SLO: TTFT {} ms", v * 1e3) }),
+        "ttft_p50" | "ttft_p99" | "ttft_p99_all" => slo.ttft.map(|v| Threshold { value: v, label: format!("SLO: TTFT {} ms", v * 1e3) }),
         "tpot_p50" | "tpot_p99" => slo.tpot.map(|v| Threshold { value: v * 1e3, label: format!("SLO: TPOT {} ms", v * 1e3) }),
         "attainment" => Some(Threshold { value: 0.9, label: "90% (capacity)".into() }),
         _ => None,
     }
 }
 
-/// Builds the charts of a sweep.
+/// Builds the charts of a sweep (ceilings already set).
 pub fn charts(series: &[(String, Vec<PointSummary>)], axis: Axis, params: &SloParams, has_slo: bool) -> Vec<Chart> {
+    let ceiling_line = |name: &str| -> Option<Line> {
+        let (_, pts) = series.first()?;
+        match (name, axis) {
+            ("smooth_goodput", Axis::RequestRate) => Some(Line::new("ceiling: min(offered tok/s, Theta)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
+            ("benefit_per_request", Axis::Concurrency) => Some(Line::new("ceiling (fluid model)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
+            ("ceiling_fraction", _) => Some(Line::new("ceiling", pts.iter().map(|p| (p.load, 1.0)).collect())),
+            _ => None,
+        }
+    };
     METRICS
         .iter()
         .filter(|m| has_slo || !matches!(m.0, "request_goodput" | "token_goodput" | "attainment"))
-        .map(|(name, title, unit, value)| Chart {
+        .map(|(name, title, unit, value, ci)| Chart {
             name: name.to_string(),
             title: title.to_string(),
             x_desc: axis.describe().to_string(),
             y_desc: unit.to_string(),
             lines: series
                 .iter()
-                .map(|(label, pts)| Line::new(label.clone(), pts.iter().map(|p| (p.load, value(p))).collect()))
+                .map(|(label, pts)| Line {
+                    label: label.clone(),
+                    points: pts.iter().map(|p| (p.load, value(p))).collect(),
+                    errors: ci.map_or(vec![], |f| pts.iter().map(f).collect()),
+                })
                 .collect(),
             threshold: if has_slo { threshold(name, &params.binary) } else { None },
-            ceiling: None,
+            ceiling: ceiling_line(name),
         })
         .collect()
 }
 
-/// Writes `report.md`, `sweep.json` and the plots for `series` into `dir`.
-pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)]) -> Result<()> {
+/// Writes `report.md`, `sweep.json` and the plots for `series` into `dir`; sets every point's
+/// ceiling first. `prov` heads the report.
+pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &mut [(String, Vec<PointSummary>)], prov: &Provenance) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let params = &spec.info.params;
     let has_slo = spec.info.has_slo;
+    let theta = theta(series, spec.axis);
+    set_ceilings(series, spec.axis, theta, params);
     let heads: Vec<Headline> = series.iter().map(|(l, p)| headline(l, p)).collect();
     let json = serde_json::json!({
         "title": title,
+        "provenance": prov,
         "axis": spec.axis,
         "workload": spec.workload_desc,
         "seed": spec.seed,
         "params": params,
         "has_slo": has_slo,
+        "theta": theta,
         "headlines": heads,
         "series": series.iter().map(|(l, p)| serde_json::json!({"label": l, "points": p})).collect::<Vec<_>>(),
     });
@@ -301,12 +417,12 @@ pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &[(String
     for c in &charts {
         write_chart(dir, c)?;
     }
-    let overview: Vec<&Chart> = ["smooth_goodput", "token_goodput", "request_goodput", "attainment", "output_throughput", "ttft_p99", "tpot_p99", "idle_p99", "rejected"]
+    let overview: Vec<&Chart> = ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "ttft_p99_all"]
         .iter()
         .filter_map(|n| charts.iter().find(|c| c.name == *n))
         .collect();
     write_grid(dir, "overview", &overview, 3)?;
-    std::fs::write(dir.join("report.md"), markdown(title, spec, series, &heads, &charts))?;
+    std::fs::write(dir.join("report.md"), markdown(title, spec, series, &heads, &charts, theta, prov))?;
     Ok(())
 }
 
@@ -314,15 +430,19 @@ fn fmt_load(v: Option<f64>, unit: &str) -> String {
     v.map_or("none reached".to_string(), |v| format!("{v} {unit}"))
 }
 
-fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)], heads: &[Headline], charts: &[Chart]) -> String {
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)], heads: &[Headline], charts: &[Chart], theta: f64, prov: &Provenance) -> String {
     let p = &spec.info.params;
     let unit = spec.axis.unit();
-    let mut md = format!("# {title}\n\n");
+    let mut md = format!("# {title}\n\n{}", prov.markdown());
     let _ = writeln!(md, "- Workload: {}", spec.workload_desc);
     let loads: Vec<String> = spec.loads.iter().map(|l| format!("{}", spec.x(l))).collect();
     let _ = writeln!(
         md,
-        "- Offered loads ({}): {} {unit}; the same seeded prompts at every load and for every target",
+        "- Offered loads ({}): {} {unit}; the same seeded prompts, arrivals and clients at every load and for every target",
         spec.axis.describe(),
         loads.join(", ")
     );
@@ -339,57 +459,86 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
         p.alpha,
         p.penalty
     );
-    let _ = writeln!(md, "- Timestamps are the client's: a request arrives when it is sent, a token when its SSE frame is read.");
     let _ = writeln!(
         md,
-        "- Capacity is DistServe's: the highest offered load at which at least 90% of the requests sent pass the SLO \
-         (rejected, dropped and failed requests count as missing it); the sweep's spacing is its resolution.\n"
+        "- Measured as `../shared/docs/evaluation.md` asks: only requests scheduled inside the measurement window are counted \
+         (closed loops: a share of the sequence), every rate is over the window, the same for every target, and the run lasts \
+         until every counted request has ended. Timestamps are the client's: a request arrives when it is sent, a token when \
+         its SSE frame is read."
     );
-    md.push_str("## Headline\n\n| target | capacity at 90% attainment | peak smooth goodput (/s) | at load | max request goodput (req/s) | max token goodput (tok/s) |\n|---|---|---|---|---|---|\n");
+    let _ = match spec.axis {
+        Axis::RequestRate => writeln!(
+            md,
+            "- Ceiling: `min(offered output tok/s, Theta)` with Theta = {theta:.1} tok/s, the largest output throughput any \
+             target reached at the highest load. `±` is a 95% interval from the spread of one run's per-request benefits."
+        ),
+        Axis::Concurrency => writeln!(
+            md,
+            "- Closed loops: every target gets the same requests, and benefit per request sent scores a refusal as 0. Ceiling: \
+             the best benefit per request of a fluid model (`pace_scheduler::sim::closed_loop_ceiling`) with Theta = {theta:.1} \
+             tok/s, the largest output throughput of any point."
+        ),
+    };
+    let _ = writeln!(
+        md,
+        "- Capacity is DistServe's: the highest offered load at which at least 90% of the counted requests pass the SLO \
+         (rejected, dropped, abandoned and failed requests count as missing it); the sweep's spacing is its resolution.\n"
+    );
+    md.push_str("## Headline\n\n| target | capacity at 90% attainment | peak smooth goodput (/s) | at load | lowest fraction of the ceiling | at load | max request goodput (req/s) |\n|---|---|---|---|---|---|---|\n");
     for h in heads {
         let (at, peak) = h.smooth_peak.map_or(("-".into(), "-".into()), |(l, v)| (format!("{l} {unit}"), format!("{v:.1}")));
+        let (wat, worst) = h.worst_ceiling_fraction.map_or(("-".into(), "-".into()), |(l, v)| (format!("{l} {unit}"), pct(v)));
         let _ = writeln!(
             md,
-            "| {} | {} | {peak} | {at} | {:.2} | {:.1} |",
+            "| {} | {} | {peak} | {at} | {worst} | {wat} | {:.2} |",
             h.label,
             if spec.info.has_slo { fmt_load(h.capacity_90, unit) } else { "n/a (no SLO)".into() },
             h.max_request_goodput,
-            h.max_token_goodput
         );
     }
     md.push_str("\n![overview](overview.png)\n\n## Per load\n");
     let head = [
-        "target", "req/s", "out tok/s", "goodput req/s", "goodput tok/s", "smooth goodput", "attain (sent)", "TTFT p50", "TTFT p99",
-        "TPOT p50", "TPOT p99", "idle p50", "idle p99", "completed", "failed", "rejected", "dropped", "aborted",
+        "target", "smooth goodput", "of ceiling", "benefit/req", "rejected", "dropped", "left", "wasted work", "out tok/s",
+        "goodput req/s", "attain", "TTFT p50", "TTFT p99 served / all", "TPOT p50 served", "TPOT p99", "idle p99 served / all",
+        "counted", "completed", "failed",
     ];
     let mut loads: Vec<f64> = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.load)).collect();
     loads.sort_by(f64::total_cmp);
     loads.dedup();
     for load in loads {
-        let _ = writeln!(md, "\n### {load} {unit}\n\n| {} |\n|{}", head.join(" | "), "---|".repeat(head.len()));
+        let first = series.iter().flat_map(|(_, p)| p.iter()).find(|x| x.load == load);
+        let extra = first.map_or(String::new(), |x| match spec.axis {
+            Axis::RequestRate => format!(": ceiling {:.1} tok/s, window {:.0} s", x.ceiling, x.window_s),
+            Axis::Concurrency => format!(": ceiling {:.1} per request", x.ceiling),
+        });
+        let _ = writeln!(md, "\n### {load} {unit}{extra}\n\n| {} |\n|{}", head.join(" | "), "---|".repeat(head.len()));
         for (label, pts) in series {
             for x in pts.iter().filter(|x| x.load == load) {
                 let _ = writeln!(
                     md,
-                    "| [{label}]({}) | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} | {:.1}% | {:.3} s | {:.3} s | {:.1} ms | {:.1} ms | {:.2} s | {:.2} s | {} | {} | {} | {} | {} |",
+                    "| [{label}]({}) | {:.1} ± {:.1} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.2} s | {:.2} s / {:.2} s | {:.0} ms | {:.0} ms | {:.2} s / {:.2} s | {} | {} | {} |",
                     x.result_file,
-                    x.request_throughput,
+                    x.smooth_goodput,
+                    x.smooth_goodput_ci95,
+                    pct(x.ceiling_fraction),
+                    x.benefit_per_request,
+                    pct(x.rejected_frac),
+                    pct(x.dropped_frac),
+                    pct(x.abandoned_frac),
+                    pct(x.wasted_tokens_frac),
                     x.output_throughput,
                     x.request_goodput,
-                    x.token_goodput,
-                    x.smooth_goodput,
-                    x.attainment_offered * 100.0,
+                    pct(x.attainment_offered),
                     x.ttft_p50,
-                    x.ttft_p99,
-                    x.tpot_p50 * 1e3,
+                    x.ttft_p99_served,
+                    x.ttft_p99_all,
+                    x.tpot_p50_served * 1e3,
                     x.tpot_p99 * 1e3,
-                    x.idle_p50,
-                    x.idle_p99,
+                    x.idle_p99_served,
+                    x.idle_p99_all,
+                    x.counted,
                     x.completed,
-                    x.failed,
-                    x.rejected,
-                    x.dropped,
-                    x.aborted
+                    x.failed
                 );
             }
         }
@@ -398,6 +547,6 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
     for c in charts {
         let _ = writeln!(md, "- {}: [SVG]({n}.svg), [PNG]({n}.png)", c.title, n = c.name);
     }
-    md.push_str("\nFull results with per-request timelines: `points/*.json` (vLLM result-file field names).\n");
+    md.push_str("\nFull results with per-request timelines: `points/*.json` (vLLM result-file field names); every point's summary: `sweep.json`.\n");
     md
 }

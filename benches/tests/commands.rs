@@ -43,7 +43,13 @@ async fn serve_saves_a_vllm_style_result_with_timelines() {
     let BenchCommand::Serve(a) = parse(&args) else { unreachable!() };
     let r = pace_bench::cli::serve(&a).await.unwrap();
     assert_eq!(r.model_id, "scripted-model", "found on /v1/models");
-    assert_eq!((r.completed, r.failed, r.rejected), (8, 0, 0));
+    // The default window counts the requests scheduled in 10%..80% of the arrival span.
+    let sched: Vec<f64> = r.timelines.iter().map(|t| t.scheduled).collect();
+    let span = sched[sched.len() - 1];
+    let inside = sched.iter().filter(|&&t| t >= 0.1 * span && t <= 0.8 * span).count();
+    assert!(inside >= 1 && inside < 8);
+    assert_eq!((r.counted, r.completed, r.failed, r.rejected), (inside, inside, 0, 0));
+    assert!((r.duration - 0.7 * span).abs() < 1e-9, "every rate is over the window");
     assert!(r.input_lens.iter().all(|&n| n == 24), "random prompts are exact in tokens");
     assert_eq!(r.info.seed, 5);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
@@ -53,6 +59,9 @@ async fn serve_saves_a_vllm_style_result_with_timelines() {
         "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "errors", "mean_ttft_ms",
         "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
         "rejected", "dropped", "token_goodput", "smooth_goodput", "attainment", "p99_idle_ms", "timelines",
+        "window_s", "counted", "smooth_goodput_ci95", "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac",
+        "dropped_frac", "abandoned_frac", "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all",
+        "tpot_p50_served",
     ] {
         assert!(v.get(key).is_some(), "result file lacks {key}");
     }
@@ -100,8 +109,41 @@ async fn sweep_writes_markdown_json_and_plots() {
     let md = assert_report(&dir, &["scripted", "capacity at 90% attainment", "### 20 req/s", "### 60 req/s"]);
     assert!(md.contains("| scripted | 60 req/s |"), "every request passes, so capacity is the top load:\n{md}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
-    assert_eq!(v["series"][0]["points"].as_array().unwrap().len(), 2);
+    let points = v["series"][0]["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
     assert!(dir.join("points/scripted-20.json").is_file());
+    // The ceiling: Theta is the output throughput at the top load; each point's ceiling is
+    // min(offered, Theta), and its fraction is smooth goodput over it.
+    let theta = v["theta"].as_f64().unwrap();
+    assert_eq!(theta, points[1]["output_throughput"].as_f64().unwrap());
+    for p in points {
+        let (c, f) = (p["ceiling"].as_f64().unwrap(), p["ceiling_fraction"].as_f64().unwrap());
+        assert!((c - p["offered_output_tps"].as_f64().unwrap().min(theta)).abs() < 1e-9);
+        assert!((f - p["smooth_goodput"].as_f64().unwrap() / c).abs() < 1e-9);
+    }
+    assert!(md.contains("Ceiling: `min(offered output tok/s, Theta)`") && md.contains("of ceiling") && md.contains("- Commit:"));
+    assert!(std::fs::read_to_string(dir.join("smooth_goodput.svg")).unwrap().contains("ceiling"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_sweep_scores_benefit_per_request_sent() {
+    let base = common::start(common::Cfg::new(30, 10)).await;
+    let dir = tempdir("sweep-closed");
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["sweep", "--base-url", &base, "--max-concurrencies", "1,4", "--num-prompts", "10", "--result-dir", d];
+    args.extend(SMALL);
+    args.extend(["ttft:500", "--patience", "exp:20", "--max-tokens-rule", "cap:3"]);
+    let BenchCommand::Sweep(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::sweep(&a).await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    for p in v["series"][0]["points"].as_array().unwrap() {
+        assert_eq!(p["counted"], 7, "10% to 80% of 10 requests");
+        let (c, f) = (p["ceiling"].as_f64().unwrap(), p["ceiling_fraction"].as_f64().unwrap());
+        assert!(c > 0.0 && (f - p["benefit_per_request"].as_f64().unwrap() / c).abs() < 1e-9);
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("benefit per request sent") && md.contains("### 4 in flight"), "{md}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -52,7 +52,8 @@ async fn short_real_sweep_against_pace_serve() {
             let file = dir.join(format!("points/{policy}-{load}.json"));
             let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
             let n = |k: &str| v[k].as_u64().unwrap();
-            assert_eq!(n("completed") + n("rejected"), 6, "{}: every request completed or was rejected", file.display());
+            assert!(n("counted") >= 1, "{}", file.display());
+            assert_eq!(n("completed") + n("rejected"), n("counted"), "{}: every counted request completed or was rejected", file.display());
             assert!(n("completed") > 0 && n("failed") == 0 && n("aborted") == 0, "{}", file.display());
             assert_eq!(v["timelines"][0]["prompt_len"], 64);
         }

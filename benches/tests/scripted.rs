@@ -10,7 +10,7 @@ use pace_bench::client::{RequestOptions, Target};
 use pace_bench::dataset::Prompt;
 use pace_bench::load::{run_load, LoadOptions, Workload};
 use pace_bench::report::{summarize, table, RunInfo};
-use pace_scheduler::slo::{Outcome, SloClass, SloParams};
+use pace_scheduler::slo::{Outcome, Patience, SloClass, SloParams};
 
 /// Timer tolerance, seconds: holds on a loaded 2-core machine.
 const TOL: f64 = 0.030;
@@ -24,7 +24,14 @@ fn prompt(name: &str, max_tokens: usize) -> Prompt {
 }
 
 fn target(base_url: &str, endpoint: &str) -> Target {
-    Target { label: "scripted".into(), base_url: base_url.into(), endpoint: endpoint.into(), model: "scripted-model".into(), api_key: None }
+    Target {
+        label: "scripted".into(),
+        base_url: base_url.into(),
+        endpoint: endpoint.into(),
+        model: "scripted-model".into(),
+        api_key: None,
+        max_model_len: None,
+    }
 }
 
 fn options(class: SloClass, usage: bool) -> LoadOptions {
@@ -34,6 +41,8 @@ fn options(class: SloClass, usage: bool) -> LoadOptions {
         time_limit: 10.0,
         request: RequestOptions { ignore_eos: true, include_usage: usage, temperature: 0.0, extra_body: Default::default() },
         class,
+        warmup_fraction: 0.1,
+        window_end_fraction: 0.8,
         progress: false,
     }
 }
@@ -63,7 +72,7 @@ async fn metrics_match_the_script() {
     let client = pace_bench::client::http_client(64).unwrap();
     let class = SloClass { reading_rate: 20.0, grace: 0.0 };
     let params = SloParams { binary: "ttft:300 tpot:150".parse().unwrap(), default_class: class, ..Default::default() };
-    let workload = Workload { prompts: SCENARIOS.iter().map(|s| prompt(s, 8)).collect(), schedule: vec![0.0; SCENARIOS.len()] };
+    let workload = Workload::new(SCENARIOS.iter().map(|s| prompt(s, 8)).collect(), vec![0.0; SCENARIOS.len()]);
     let t0 = Instant::now();
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, true)).await;
     assert!(t0.elapsed().as_secs_f64() < 30.0, "the run ends when its last script does, not at a timeout");
@@ -120,8 +129,10 @@ async fn metrics_match_the_script() {
     assert_eq!((d.outcome, d.num_tokens()), (Outcome::Dropped, 1));
     close(d.idle_latency(), 0.200, "drop idle (pending since d_2 = 0.1 s)");
 
-    // Aggregates (WindowStats over first send .. last end = steady's last token at ~0.55 s).
+    // Aggregates: a burst counts every request, over first send .. last end (steady's last
+    // token at ~0.55 s).
     let r = summarize(&run, &info(params));
+    assert_eq!((r.counted, run.closed_loop), (9, false));
     assert_eq!((r.completed, r.failed, r.rejected, r.dropped, r.aborted), (3, 3, 2, 1, 0));
     close(r.duration, 0.550, "window");
     let w = r.duration;
@@ -151,7 +162,7 @@ async fn without_usage_each_content_frame_is_one_token_and_chat_works() {
     let base = common::start(common::Cfg::new(50, 20)).await;
     let client = pace_bench::client::http_client(8).unwrap();
     let class = SloClass::default();
-    let workload = Workload { prompts: vec![prompt("multi", 3), prompt("steady", 5)], schedule: vec![0.0, 0.0] };
+    let workload = Workload::new(vec![prompt("multi", 3), prompt("steady", 5)], vec![0.0, 0.0]);
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, false)).await;
     let m = &run.results[0];
     assert_eq!((m.record.num_tokens(), m.usage_completion_tokens), (2, None));
@@ -171,7 +182,7 @@ async fn time_limit_cuts_streams_and_duration_stops_sending() {
     let mut prompts = vec![prompt("stall", 2)];
     prompts.extend((0..10).map(|_| prompt("default", 2)));
     let schedule: Vec<f64> = (0..11).map(|i| i as f64 * 0.3).collect();
-    let workload = Workload { prompts, schedule };
+    let workload = Workload::new(prompts, schedule);
     let opts = LoadOptions { time_limit: 1.0, duration: Some(0.5), ..options(class, true) };
     let t0 = Instant::now();
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
@@ -191,8 +202,9 @@ async fn concurrency_cap_holds_requests_back() {
     let cfg = common::Cfg::new(100, 60);
     let base = common::start(cfg.clone()).await;
     let client = pace_bench::client::http_client(8).unwrap();
-    let workload = Workload { prompts: (0..3).map(|_| prompt("default", 3)).collect(), schedule: vec![0.0; 3] };
-    let opts = LoadOptions { max_concurrency: Some(1), ..options(SloClass::default(), true) };
+    let workload = Workload::new((0..3).map(|_| prompt("default", 3)).collect(), vec![0.0; 3]);
+    // Every request counted, so the closed loop runs to the last one.
+    let opts = LoadOptions { max_concurrency: Some(1), window_end_fraction: 1.0, ..options(SloClass::default(), true) };
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
     assert_eq!(run.results.len(), 3);
     let mut spans: Vec<(f64, f64)> = run.results.iter().map(|r| (r.record.arrival, r.record.end)).collect();
@@ -206,4 +218,75 @@ async fn concurrency_cap_holds_requests_back() {
         close(r.record.tpot(), 0.060, "TPOT");
     }
     assert_eq!(cfg.hits.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// A client with `fixed:1` patience closes the connection when its idle latency reaches 1 s,
+/// judged from its own frame times, and the server sees the disconnect; a client whose stream
+/// keeps up stays to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impatient_client_disconnects_and_the_server_sees_it() {
+    let cfg = common::Cfg::new(50, 20);
+    let base = common::start(cfg.clone()).await;
+    let client = pace_bench::client::http_client(8).unwrap();
+    let class = SloClass { reading_rate: 20.0, grace: 0.0 };
+    let mut workload = Workload::new(vec![prompt("stall", 2), prompt("steady", 5)], vec![0.0, 0.0]);
+    workload.patience = Patience::Fixed(1.0).draw(2, 0);
+    let t0 = Instant::now();
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &options(class, true)).await;
+    assert!(t0.elapsed().as_secs_f64() < 5.0, "the client did not wait out the 10 s stall");
+    // stall: one token at 100 ms; token 2 was due at 2 / 20 = 0.1 s, so it leaves at 1.1 s.
+    let s = &run.results[0];
+    assert_eq!((s.record.outcome, s.record.num_tokens()), (Outcome::Abandoned, 1));
+    close(s.record.end - s.record.arrival, 1.1, "left at d_2 + 1 s");
+    close(s.record.idle_latency(), 1.0, "idle latency at departure is the patience");
+    assert_eq!(s.error.as_deref(), Some(pace_bench::client::PATIENCE_RAN_OUT));
+    // steady's idle latency peaks at 0.3 s: it stays.
+    assert_eq!(run.results[1].record.outcome, Outcome::Completed);
+    let seen = Instant::now();
+    while cfg.disconnects.load(std::sync::atomic::Ordering::SeqCst) == 0 && seen.elapsed().as_secs_f64() < 3.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(cfg.disconnects.load(std::sync::atomic::Ordering::SeqCst), 1, "the server saw exactly one client leave");
+    let r = summarize(&run, &info(SloParams { default_class: class, ..Default::default() }));
+    assert_eq!((r.abandoned, r.completed), (1, 1));
+    assert!((r.abandoned_frac - 0.5).abs() < 1e-12);
+    assert!(r.wasted_tokens_frac > 0.0 && r.wasted_tokens_frac < 1.0, "its prompt and token were work for nobody");
+}
+
+/// Open loop: only requests scheduled in the window are counted; once they have all ended the
+/// run stops sending, so the tail of the schedule is never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_counts_the_window_and_stops_when_the_counted_requests_end() {
+    let base = common::start(common::Cfg::new(30, 10)).await;
+    let client = pace_bench::client::http_client(64).unwrap();
+    let class = SloClass::default();
+    let schedule: Vec<f64> = (0..30).map(|i| i as f64 * 0.05).collect();
+    let workload = Workload::new((0..30).map(|_| prompt("default", 2)).collect(), schedule);
+    // Span 1.45 s: the window is [0.145, 0.435] s, requests 3..=8.
+    let opts = LoadOptions { window_end_fraction: 0.3, ..options(class, true) };
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
+    assert_eq!(run.counted, (3, 9));
+    assert!((run.window.0 - 0.145).abs() < 1e-9 && (run.window.1 - 0.435).abs() < 1e-9);
+    assert!(run.not_sent >= 10, "requests scheduled a second after the counted ones ended were not sent ({})", run.not_sent);
+    let r = summarize(&run, &info(SloParams::default()));
+    assert_eq!((r.counted, r.completed), (6, 6));
+    close(r.duration, 0.29, "the window, not the run");
+    assert!(r.wall_s < 1.2);
+    assert!((r.benefit_per_request - r.smooth_goodput * r.duration / 6.0).abs() < 1e-9);
+}
+
+/// Closed loop: a concurrency cap with everything scheduled at once counts a share of the
+/// sequence, and scores benefit per request sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_counts_by_place_in_the_sequence() {
+    let base = common::start(common::Cfg::new(30, 10)).await;
+    let client = pace_bench::client::http_client(8).unwrap();
+    let workload = Workload::new((0..10).map(|_| prompt("default", 2)).collect(), vec![0.0; 10]);
+    let opts = LoadOptions { max_concurrency: Some(2), ..options(SloClass::default(), true) };
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
+    assert!(run.closed_loop);
+    assert_eq!(run.counted, (1, 8));
+    let r = summarize(&run, &info(SloParams::default()));
+    assert_eq!((r.counted, r.completed), (7, 7));
+    assert!(r.duration > 0.05 && r.closed_loop);
 }

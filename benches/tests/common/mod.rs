@@ -28,11 +28,33 @@ pub struct Cfg {
     pub itl_ms: u64,
     /// Generation requests received.
     pub hits: Arc<AtomicUsize>,
+    /// Streams whose client went away before `[DONE]` (the server dropped the body).
+    pub disconnects: Arc<AtomicUsize>,
 }
 
 impl Cfg {
     pub fn new(first_ms: u64, itl_ms: u64) -> Self {
-        Self { first_ms, itl_ms, hits: Arc::new(AtomicUsize::new(0)) }
+        Self { first_ms, itl_ms, hits: Arc::new(AtomicUsize::new(0)), disconnects: Arc::new(AtomicUsize::new(0)) }
+    }
+}
+
+/// Counts a stream dropped before it finished: what a server sees when its client leaves.
+struct Watch {
+    disconnects: Arc<AtomicUsize>,
+    finished: bool,
+}
+
+impl Watch {
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.disconnects.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -101,11 +123,16 @@ fn error_body(message: &str, code: &str) -> Value {
     json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
 }
 
-fn sse(steps: Vec<Step>, chat: bool, usage: bool) -> Response {
+fn sse(steps: Vec<Step>, chat: bool, usage: bool, disconnects: Arc<AtomicUsize>) -> Response {
     let frames = steps.into_iter().filter(move |s| usage || !matches!(s, Usage(_)));
-    let stream = futures_util::stream::unfold(frames, move |mut it| async move {
+    let watch = Watch { disconnects, finished: false };
+    let stream = futures_util::stream::unfold((frames, watch), move |(mut it, mut watch)| async move {
         loop {
-            let data = match it.next()? {
+            let Some(step) = it.next() else {
+                watch.finish();
+                return None;
+            };
+            let data = match step {
                 Wait(ms) => {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     continue;
@@ -113,10 +140,16 @@ fn sse(steps: Vec<Step>, chat: bool, usage: bool) -> Response {
                 Token(t, f) => chunk(chat, t, f).to_string(),
                 Usage(n) => json!({"id": "c", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}}).to_string(),
                 Error(code) => error_body(&format!("scripted {code}"), code).to_string(),
-                Done => "[DONE]".to_string(),
-                Break => return Some((Err(std::io::Error::other("scripted break")), it)),
+                Done => {
+                    watch.finish();
+                    "[DONE]".to_string()
+                }
+                Break => {
+                    watch.finish();
+                    return Some((Err(std::io::Error::other("scripted break")), (it, watch)));
+                }
             };
-            return Some((Ok::<_, std::io::Error>(Bytes::from(format!("data: {data}\n\n"))), it));
+            return Some((Ok::<_, std::io::Error>(Bytes::from(format!("data: {data}\n\n"))), (it, watch)));
         }
     });
     Response::builder()
@@ -137,7 +170,7 @@ async fn generate(State(cfg): State<Cfg>, chat: bool, body: Value) -> Response {
     }
     let usage = body.pointer("/stream_options/include_usage") == Some(&json!(true));
     match script(prompt) {
-        Some(Ok(steps)) => sse(steps, chat, usage),
+        Some(Ok(steps)) => sse(steps, chat, usage, cfg.disconnects.clone()),
         Some(Err((status, retry))) => {
             let mut r = (StatusCode::from_u16(status).expect("status"), Json(error_body("scripted refusal", "overloaded"))).into_response();
             if let Some(s) = retry {
@@ -154,7 +187,7 @@ async fn generate(State(cfg): State<Cfg>, chat: bool, body: Value) -> Response {
                 steps.push(Token("x", (i + 1 == max).then_some("length")));
             }
             steps.extend([Usage(max as usize), Done]);
-            sse(steps, chat, usage)
+            sse(steps, chat, usage, cfg.disconnects.clone())
         }
     }
 }
