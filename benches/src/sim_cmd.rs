@@ -161,8 +161,8 @@ pub struct SummaryLine {
     pub saturation_rate: f64,
     /// Estimated saturated output throughput, tokens per second.
     pub saturation_output_tps: f64,
-    /// The ceiling's `Theta`: the larger of the estimate and the best output throughput of any
-    /// open-loop run in the sweep.
+    /// The ceiling's `Theta`: the larger of the estimate and the best mean output throughput of
+    /// any policy at the highest offered rate.
     pub theta: f64,
     /// The seeds run.
     pub seeds: Vec<u64>,
@@ -360,12 +360,18 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     if let Some(path) = &args.sharegpt {
         workload.lengths = LengthSource::Pairs(sharegpt_pairs(path)?);
     } else if args.input_len.is_some() || args.output_len.is_some() {
-        let LengthSource::Synthetic { input, output } = &mut workload.lengths else { unreachable!("presets are synthetic") };
-        if let Some(s) = &args.input_len {
-            *input = parse_lengths(s)?;
-        }
-        if let Some(s) = &args.output_len {
-            *output = parse_lengths(s)?;
+        if let LengthSource::Synthetic { input, output } = &mut workload.lengths {
+            if let Some(s) = &args.input_len {
+                *input = parse_lengths(s)?;
+            }
+            if let Some(s) = &args.output_len {
+                *output = parse_lengths(s)?;
+            }
+        } else {
+            let (Some(i), Some(o)) = (&args.input_len, &args.output_len) else {
+                bail!("preset {} draws prompt and output lengths in pairs from its prompt set: give both --input-len and --output-len", p.name);
+            };
+            workload.lengths = LengthSource::Synthetic { input: parse_lengths(i)?, output: parse_lengths(o)? };
         }
     }
     let client = ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()? };

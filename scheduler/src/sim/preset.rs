@@ -56,8 +56,11 @@ pub fn presets() -> Vec<Preset> {
 //   prefill attention pair 0.98 us (0.83, 0.98, 1.17).
 // Budgets and KV capacity are pace serve's CPU defaults: 512 tokens and 256 sequences per step,
 // a 2 GiB f16 KV cache = 2 GiB / (16 tokens * 23,040 B) = 5,825 blocks of 16 (one is the null
-// block). The default workload and SLO are the serving benchmark's: 256 prompt tokens, 128 output
-// tokens, ttft:5000 tpot:100.
+// block). The default workload is the serving benchmark's (docs/bench/ab-cpu-smollm2): the chat
+// prompts of benches/data/chat-prompts.jsonl, each with its prompt length as pace counts it
+// (chat template included, 36-50 tokens) and the length of the default model's own greedy answer
+// (frequency_penalty 0.5; mean 172, median 108, 11 of 600 reach 1024), drawn in pairs. The SLO
+// is the benchmark's, ttft:5000 tpot:100.
 // ---------------------------------------------------------------------------------------------
 /// Per-step overhead, seconds.
 pub const CPU_BASE_S: f64 = 0.00670;
@@ -71,6 +74,19 @@ pub const CPU_PER_KV_TOKEN_S: f64 = 4.98e-6;
 pub const CPU_PER_ATTN_PAIR_S: f64 = 0.98e-6;
 /// KV cache blocks of 16 tokens, the null block included.
 pub const CPU_KV_BLOCKS: usize = 5_825;
+
+/// The serving benchmark's prompt set, one JSON object per line.
+const CHAT_PROMPTS: &str = include_str!("../../../benches/data/chat-prompts.jsonl");
+
+/// (prompt tokens with the chat template, natural output length) of every prompt of
+/// `benches/data/chat-prompts.jsonl`.
+pub fn chat_prompt_lengths() -> Vec<(usize, usize)> {
+    CHAT_PROMPTS
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v.get("prompt_tokens")?.as_u64()? as usize, v.get("output_len")?.as_u64()? as usize)))
+        .collect()
+}
 
 fn cpu_smollm2() -> Preset {
     let cost = CostCoeffs {
@@ -95,10 +111,7 @@ fn cpu_smollm2() -> Preset {
             slo: SloParams { binary: "ttft:5000 tpot:100".parse().expect("valid"), ..SloParams::default() },
             cost_prior: cost,
         },
-        workload: WorkloadSpec {
-            arrivals: Arrivals::Poisson,
-            lengths: LengthSource::Synthetic { input: Lengths::Fixed(256), output: Lengths::Fixed(128) },
-        },
+        workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()) },
         goodput: "ttft:5000 tpot:100",
     }
 }
@@ -181,5 +194,8 @@ mod tests {
         assert_eq!(h200_llama3_8b().config.num_kv_blocks, 57_221);
         assert_eq!(cpu_smollm2().config.num_kv_blocks, ((2u64 << 30) / (16 * 23_040)) as usize);
         assert!(PRESET_NAMES.iter().all(|n| preset(n).is_some_and(|p| p.name == *n)));
+        let chat = chat_prompt_lengths();
+        assert_eq!(chat.len(), 600);
+        assert!(chat.iter().all(|&(p, o)| (30..=60).contains(&p) && (1..=1024).contains(&o)));
     }
 }
