@@ -184,6 +184,7 @@ pub struct Exchange {
     verdict: Option<Outcome>,
     done: bool,
     last_read: f64,
+    started: bool,
 }
 
 /// The error of a request cut by the run's hard time limit.
@@ -264,6 +265,7 @@ impl Exchange {
         }
         self.arrival = clock.now();
         self.last_read = self.arrival;
+        self.started = true;
         let dep = self.departure(leave);
         let sent = tokio::select! {
             r = req.send() => r,
@@ -325,6 +327,11 @@ impl Exchange {
                 Err(e) => return self.fail(Outcome::Failed, format!("stream broke: {e}"), clock.now()),
             }
         }
+    }
+
+    /// Whether [`Self::run`] began (the request was handed to the connection).
+    pub fn started(&self) -> bool {
+        self.started
     }
 
     /// The finished request, which asked for `max_tokens`. `cut`: the run stopped it at that

@@ -171,7 +171,22 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
             _ = tokio::time::sleep_until(clock.at(at)) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        let (client, target, slots, pb) = (client.clone(), Arc::clone(&target), slots.clone(), pb.clone());
+        // A slot is taken here, in workload order, so requests go out in that order (a closed
+        // loop counts by place in the sequence).
+        let slot = match &slots {
+            Some(s) => {
+                let acquired = tokio::select! {
+                    p = tokio::time::timeout_at(hard, Arc::clone(s).acquire_owned()) => p.ok().and_then(Result::ok),
+                    _ = stop.wait_for(|s| *s) => None,
+                };
+                match acquired {
+                    Some(p) => Some(p),
+                    None => break,
+                }
+            }
+            None => None,
+        };
+        let (client, target, pb) = (client.clone(), Arc::clone(&target), pb.clone());
         let max_tokens = workload.max_tokens.get(index).copied().unwrap_or(prompt.output_len);
         let body = request_body(&target, prompt, max_tokens, &opts.request);
         let (prompt, class) = (prompt.clone(), opts.class);
@@ -179,25 +194,22 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
         let is_counted = (counted.0..counted.1).contains(&index);
         let (left, stop_tx, mut stop) = (Arc::clone(&left), Arc::clone(&stop_tx), stop_rx.clone());
         tasks.spawn(async move {
-            let _slot = match slots {
-                Some(s) => {
-                    let acquired = tokio::select! {
-                        p = tokio::time::timeout_at(hard, s.acquire_owned()) => p.ok().and_then(Result::ok),
-                        _ = stop.wait_for(|s| *s) => None,
-                    };
-                    Some(acquired?)
-                }
-                None => None,
-            };
+            let _slot = slot;
             if clock.now() >= send_until || *stop.borrow() {
                 return None;
             }
             let mut ex = Exchange::default();
             let cut = tokio::select! {
+                // The request goes out before a stop that came meanwhile can cut it, so a sent
+                // request always has its send time.
+                biased;
                 r = tokio::time::timeout_at(hard, ex.run(&client, &target, &body, &clock, leave)) => r.is_err().then_some(CUT_BY_TIME_LIMIT),
                 // Only uncounted requests are cut when the counted ones are done.
                 _ = stop.wait_for(|s| *s), if !is_counted => Some(CUT_AFTER_COUNTED),
             };
+            if !ex.started() {
+                return None;
+            }
             let result = ex.finish(index, at, &prompt, max_tokens, class, cut.map(|why| (clock.now(), why)));
             pb.inc(1);
             if is_counted && left.fetch_sub(1, Ordering::AcqRel) == 1 {

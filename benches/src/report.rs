@@ -128,6 +128,10 @@ pub struct BenchResult {
     /// `min(true length, max_tokens)` summed over the window (the true length is the
     /// dataset's `output_len`).
     pub offered_output_tps: f64,
+    /// Output tokens delivered to any request (counted or not) during the window, per second:
+    /// what the server actually produced then (a sweep's Theta is the largest of these at its
+    /// top load).
+    pub delivered_tps: f64,
     /// The ceiling `min(offered_output_tps, Theta)`; null until a sweep knows `Theta`.
     pub ceiling: Option<f64>,
     /// `smooth_goodput / ceiling` (closed loops: `benefit_per_request / ceiling`).
@@ -258,6 +262,7 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
         abandoned_frac: s.abandoned_frac,
         wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
         offered_output_tps: offered as f64 / window,
+        delivered_tps: pace_scheduler::slo::delivered_rate(&run.results.iter().map(|r| r.record.clone()).collect::<Vec<_>>(), run.window.0, run.window.1),
         ceiling: None,
         ceiling_fraction: None,
         tpot_p50_served: s.tpot_served.p50,

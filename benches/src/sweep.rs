@@ -119,6 +119,8 @@ pub struct PointSummary {
     pub counted: usize,
     /// Output tokens per second the counted requests would receive if served to the end.
     pub offered_output_tps: f64,
+    /// Output tokens delivered to any request during the window, per second.
+    pub delivered_tps: f64,
     /// The ceiling (open loop: `min(offered_output_tps, Theta)` tok/s; closed loop: best
     /// benefit per request, fluid model), set when the report is written.
     pub ceiling: f64,
@@ -196,6 +198,7 @@ impl PointSummary {
             window_s: r.window_s,
             counted: r.counted,
             offered_output_tps: r.offered_output_tps,
+            delivered_tps: r.delivered_tps,
             ceiling: 0.0,
             ceiling_fraction: 0.0,
             rejected_frac: r.rejected_frac,
@@ -296,14 +299,16 @@ pub fn headline(label: &str, points: &[PointSummary]) -> Headline {
 }
 
 /// The ceiling's `Theta` of a sweep (evaluation.md, point 7): the largest output throughput any
-/// target reached at the highest load of a rate sweep, or at any point of a concurrency sweep.
+/// target reached at the highest load of a rate sweep, or at any point of a concurrency sweep,
+/// measured as the tokens it delivered during the window (counted tokens over the window would
+/// credit a server with tokens it delivered after the window).
 pub fn theta(series: &[(String, Vec<PointSummary>)], axis: Axis) -> f64 {
     let top = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.load)).fold(f64::NEG_INFINITY, f64::max);
     series
         .iter()
         .flat_map(|(_, p)| p.iter())
         .filter(|p| axis == Axis::Concurrency || p.load == top)
-        .map(|p| p.output_throughput)
+        .map(|p| p.delivered_tps)
         .fold(0.0, f64::max)
 }
 
@@ -470,7 +475,8 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
         Axis::RequestRate => writeln!(
             md,
             "- Ceiling: `min(offered output tok/s, Theta)` with Theta = {theta:.1} tok/s, the largest output throughput any \
-             target reached at the highest load. `±` is a 95% interval from the spread of one run's per-request benefits."
+             target delivered during the window at the highest load. `±` is a 95% interval from the spread of one run's \
+             per-request benefits."
         ),
         Axis::Concurrency => writeln!(
             md,

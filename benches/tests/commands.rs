@@ -115,7 +115,7 @@ async fn sweep_writes_markdown_json_and_plots() {
     // The ceiling: Theta is the output throughput at the top load; each point's ceiling is
     // min(offered, Theta), and its fraction is smooth goodput over it.
     let theta = v["theta"].as_f64().unwrap();
-    assert_eq!(theta, points[1]["output_throughput"].as_f64().unwrap());
+    assert_eq!(theta, points[1]["delivered_tps"].as_f64().unwrap());
     for p in points {
         let (c, f) = (p["ceiling"].as_f64().unwrap(), p["ceiling_fraction"].as_f64().unwrap());
         assert!((c - p["offered_output_tps"].as_f64().unwrap().min(theta)).abs() < 1e-9);
@@ -140,7 +140,7 @@ async fn concurrency_sweep_scores_benefit_per_request_sent() {
     for p in v["series"][0]["points"].as_array().unwrap() {
         assert_eq!(p["counted"], 7, "10% to 80% of 10 requests");
         let (c, f) = (p["ceiling"].as_f64().unwrap(), p["ceiling_fraction"].as_f64().unwrap());
-        assert!(c > 0.0 && (f - p["benefit_per_request"].as_f64().unwrap() / c).abs() < 1e-9);
+        assert!(c > 0.0 && (f - p["benefit_per_request"].as_f64().unwrap() / c).abs() < 1e-9, "{p}");
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("benefit per request sent") && md.contains("### 4 in flight"), "{md}");

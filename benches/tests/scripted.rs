@@ -286,6 +286,8 @@ async fn closed_loop_counts_by_place_in_the_sequence() {
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
     assert!(run.closed_loop);
     assert_eq!(run.counted, (1, 8));
+    let sent: Vec<f64> = run.results.iter().map(|r| r.record.arrival).collect();
+    assert!(sent.windows(2).all(|w| w[0] <= w[1]), "requests go out in workload order: {sent:?}");
     let r = summarize(&run, &info(SloParams::default()));
     assert_eq!((r.counted, r.completed), (7, 7));
     assert!(r.duration > 0.05 && r.closed_loop);

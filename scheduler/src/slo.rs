@@ -556,6 +556,15 @@ pub fn check_window_fractions(warmup_fraction: f64, end_fraction: f64) -> Result
     }
 }
 
+/// Output tokens delivered to *any* request between `t0` and `t1`, per second: what the engine
+/// produced during a window. It differs from [`WindowStats::output_throughput`] (the counted
+/// requests' tokens over the window's length) when a queue outlives the window: then counted
+/// requests get their tokens after it ends, and only this rate is bounded by the engine.
+pub fn delivered_rate(records: &[RequestRecord], t0: f64, t1: f64) -> f64 {
+    let n: usize = records.iter().map(|r| r.token_times.iter().filter(|&&t| t >= t0 && t <= t1).count()).sum();
+    n as f64 / (t1 - t0).max(f64::MIN_POSITIVE)
+}
+
 /// The best smooth goodput any scheduler could reach at a load (evaluation.md, point 7): every
 /// offered output token served with nobody idle, up to the engine's saturated output rate
 /// `theta`. Both in output tokens per second.
@@ -975,6 +984,9 @@ mod tests {
         assert_eq!(c, 3.5);
         assert!((ceiling_fraction(w.smooth_goodput, c) - 0.551_020_4).abs() < 1e-6);
         assert!((ceiling(2.0, 3.5) - 2.0).abs() < 1e-12);
+        // What the engine delivered inside [10, 80] s: R2's 50 tokens and R5's first 89 (its
+        // token i comes at 62 + 0.2 i, the 90th at 80.0 s), whatever request they were for.
+        assert!((delivered_rate(&records, w0, w1) - 140.0 / 70.0).abs() < 1e-9);
         // Selected by end time (the live gauges), R5 falls out (it ended at 82 s).
         assert_eq!(WindowStats::compute(&records, w0, w1, &params).offered, 3);
     }

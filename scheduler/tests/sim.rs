@@ -139,6 +139,8 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
             let c = pt.runs[seed].ceiling;
             assert!(c > 0.0 && c <= pt.theta + 1e-9, "ceiling {c} vs theta {}", pt.theta);
             assert!(pt.theta >= sat.output_tps);
+            // The engine cannot deliver more than Theta during the window, on any run.
+            assert!(pt.runs[seed].eval.delivered_tps <= 1.1 * pt.theta, "{} delivered {}", pt.policy, pt.runs[seed].eval.delivered_tps);
             // The estimate is close to what the runs reach: within 10% of the best of them.
             assert!(sat.output_tps >= 0.9 * pt.theta, "estimate {} vs theta {}", sat.output_tps, pt.theta);
             assert!((pt.runs[seed].ceiling_fraction - s.smooth_goodput / c).abs() < 1e-9);

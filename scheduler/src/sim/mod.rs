@@ -36,7 +36,7 @@ use crate::plan::{SampledToken, StepOutput};
 use crate::policy::Policy;
 use crate::request::{Event, FinishReason, NewRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::slo::{ceiling, ceiling_fraction, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
+use crate::slo::{ceiling, ceiling_fraction, delivered_rate, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
 pub use preset::{preset, presets, Preset, PRESET_NAMES};
 pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, SimRequest, WorkloadSpec};
 
@@ -152,6 +152,9 @@ pub struct Evaluation {
     pub offered_output_tps: f64,
     /// Mean of `min(true length, max_tokens)` over the counted requests.
     pub mean_served_len: f64,
+    /// Output tokens delivered to any request during the window, per second: the engine's
+    /// actual output rate ([`crate::slo::delivered_rate`]).
+    pub delivered_tps: f64,
     /// Work (tokens fed) spent on counted requests whose client left, over the work spent on
     /// all counted requests.
     pub wasted_tokens_frac: f64,
@@ -181,6 +184,7 @@ impl SimResult {
             stats,
             offered_output_tps: served as f64 / window_s.max(f64::MIN_POSITIVE),
             mean_served_len: served as f64 / (hi - lo).max(1) as f64,
+            delivered_tps: delivered_rate(&self.records, self.window.0, self.window.1),
             wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
             preempted: self.stats.preemptions,
             steps: self.steps,
@@ -554,8 +558,8 @@ pub struct SweepPoint {
     /// The preset's estimated saturation on this workload.
     pub saturation: Saturation,
     /// The ceiling's `Theta`, output tokens per second: the larger of the saturation estimate
-    /// and the largest mean (over seeds) output throughput of any policy at the sweep's highest
-    /// offered rate.
+    /// and the largest mean (over seeds) delivered output rate of any policy at the sweep's
+    /// highest offered rate.
     pub theta: f64,
     /// One run per seed.
     pub runs: Vec<SeedRun>,
@@ -645,14 +649,15 @@ pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> 
         }
         points.extend(by_policy);
     }
-    // Theta: the saturation estimate, unless a policy's mean output throughput at the highest
-    // load (over seeds: one short run's counted tokens over its window are noisy) went faster,
-    // as evaluation.md measures it on a real server.
+    // Theta: the saturation estimate, unless a policy's engine delivered more during the window
+    // at the highest load (mean over seeds), as evaluation.md measures it on a real server. The
+    // counted tokens over the window are no measure of the engine: with an unbounded queue they
+    // arrive after it.
     let top = spec.loads.iter().filter_map(|l| if let Load::Rate(r) = l { Some(*r) } else { None }).fold(f64::NAN, f64::max);
     let theta = points
         .iter()
         .filter(|p| matches!(p.load, Load::Rate(r) if r == top))
-        .map(|p| p.mean(|r| r.eval.stats.output_throughput))
+        .map(|p| p.mean(|r| r.eval.delivered_tps))
         .fold(sat.output_tps, f64::max);
     for p in &mut points {
         p.theta = theta;
