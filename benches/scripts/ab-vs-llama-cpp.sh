@@ -5,17 +5,21 @@
 # - chat prompts whose answers end by themselves (benches/data/chat-prompts.jsonl; greedy with
 #   frequency_penalty 0.5, mean 172 output tokens, 2% reach 1024), max_tokens cap:1024;
 # - clients with exp:20 patience, q = 5 tok/s, alpha 2.5;
-# - Poisson arrivals at 0.5x, 1x, 1.5x and 2x of pace's saturation, PROMPTS requests per load of
-#   which the 10%..80% window is counted (at least 100), every run until its counted requests end;
-# - then the ablations beside smooth and fcfs at 1.5x (a second report, ablations/).
+# - Poisson arrivals at 0.5x, 1x, 1.5x and 2x of pace's saturation for SPAN seconds each (so
+#   every load has the same time to reach its steady state: the simulator shows fcfs's overload
+#   settling after about 80 s on this workload), of which the arrivals between 30% and 80% of
+#   the span are counted (115 to 460 requests), every run until its counted requests end;
+# - then the three ablations at 1.5x (a second report, ablations/; smooth and fcfs at 1.5x are in
+#   the first, on the same seeded workload).
 #
 # usage: benches/scripts/ab-vs-llama-cpp.sh [RESULT_DIR]
-#   SATURATION (1.64 req/s: `pace sim --preset cpu-smollm2`'s estimate on this workload),
-#   FACTORS (0.5,1,1.5,2), PROMPTS (150), PATIENCE (exp:20), THREADS (2), LLAMA_DIR
-#   (/tmp/llama-cpp, built by ../shared/tools/build-llama-cpp.sh), PACE (target/release/pace),
-#   POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth,fcfs,smooth-no-admission,fcfs-admission,
-#   sarathi; empty to skip), SEED (42).
-# About 75 minutes on this project's 2-core machine, which should be otherwise quiet.
+#   SATURATION (1.64 req/s: `pace sim --preset cpu-smollm2`'s estimate on this workload, which
+#   `pace serve --scheduler fcfs` matches under overload: 280 delivered tok/s against the
+#   simulator's 295), FACTORS (0.5,1,1.5,2), SPAN (280 s), PATIENCE (exp:20), THREADS (2),
+#   LLAMA_DIR (/tmp/llama-cpp, built by ../shared/tools/build-llama-cpp.sh), PACE
+#   (target/release/pace), POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth-no-admission,
+#   fcfs-admission,sarathi; empty to skip), SEED (42).
+# About 100 minutes on this project's 2-core machine, which should be otherwise quiet.
 # llama-server stays up, idle, while pace runs (pace bench ab runs URL targets first); it is
 # stopped at the end.
 set -euo pipefail
@@ -23,11 +27,11 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-pace-bench-ab-vs-llama-cpp}
 SATURATION=${SATURATION:-1.64}
 FACTORS=${FACTORS:-0.5,1,1.5,2}
-PROMPTS=${PROMPTS:-150}
+SPAN=${SPAN:-280}
 PATIENCE=${PATIENCE:-exp:20}
 THREADS=${THREADS:-2}
 POLICIES=${POLICIES:-smooth,fcfs,drop-late}
-ABLATIONS=${ABLATIONS-smooth,fcfs,smooth-no-admission,fcfs-admission,sarathi}
+ABLATIONS=${ABLATIONS-smooth-no-admission,fcfs-admission,sarathi}
 SEED=${SEED:-42}
 LLAMA_DIR=${LLAMA_DIR:-/tmp/llama-cpp}
 PACE=${PACE:-target/release/pace}
@@ -39,10 +43,13 @@ SLO="ttft:5000 tpot:100"
 mkdir -p "$OUT"
 rates=$(python3 -c "print(','.join(f'{float(f) * $SATURATION:.3g}' for f in '$FACTORS'.split(',')))")
 rate15=$(python3 -c "print(f'{1.5 * $SATURATION:.3g}')")
+# Enough prompts for the highest load's span (they repeat in a new order beyond the 600).
+prompts=$(python3 -c "import math; print(math.ceil(max(float(f) for f in '$FACTORS'.split(',')) * $SATURATION * $SPAN * 1.2))")
 
 # The workload every target gets (flags after the targets').
 common=(--endpoint /v1/chat/completions --dataset-name jsonl --dataset-path benches/data/chat-prompts.jsonl
-  --num-prompts "$PROMPTS" --max-tokens-rule cap:1024 --patience "$PATIENCE" --temperature 0
+  --num-prompts "$prompts" --duration "$SPAN" --warmup-fraction 0.3 --window-end-fraction 0.8
+  --max-tokens-rule cap:1024 --patience "$PATIENCE" --temperature 0
   --extra-body '{"frequency_penalty": 0.5}' --tokenizer "$MODEL" --goodput ttft:5000 tpot:100
   --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm)
 serve=(--pace-bin "$PACE" "--serve-arg=--slo=$SLO" "--serve-arg=--threads=$THREADS")

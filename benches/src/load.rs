@@ -5,7 +5,8 @@
 //! `[T_warmup, T_end]`, fractions of the schedule's span, so every target counts the same
 //! requests; requests scheduled later keep the load on. In a closed loop (a concurrency cap with
 //! everything scheduled at once), requests by their place in the sequence, the same fractions of
-//! the workload. Once every counted request has ended, the run stops: nothing more is sent, and
+//! the workload, over the first counted send to the last counted end. Once every counted request
+//! has ended, the run stops: nothing more is sent, and
 //! uncounted requests still in flight are cut (`Aborted`). A burst (everything at once without a
 //! cap) counts every request.
 //!
@@ -85,8 +86,8 @@ pub struct LoadRun {
     /// Counted requests: workload indices `counted.0..counted.1`.
     pub counted: (usize, usize),
     /// The measurement window, seconds from the start of the run: scheduled times (open loop),
-    /// or the send times of the first counted request and of the first one after them (closed
-    /// loop), or the first send and the last end (a burst).
+    /// or the first counted send and the last counted end (closed loop), or the first send and
+    /// the last end (a burst).
     pub window: (f64, f64),
     /// Requests were held back by a concurrency cap with everything scheduled at once.
     pub closed_loop: bool,
@@ -161,8 +162,15 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
     let left = Arc::new(AtomicUsize::new(counted.1 - counted.0));
     let (stop_tx, stop_rx) = watch::channel(counted.1 == counted.0);
     let stop_tx = Arc::new(stop_tx);
+    // A counted request is done (ended, or will never be sent): the last one stops the run.
+    let counted_done = |left: &AtomicUsize, stop_tx: &watch::Sender<bool>, n: usize| {
+        if n > 0 && left.fetch_sub(n, Ordering::AcqRel) == n {
+            let _ = stop_tx.send(true);
+        }
+    };
     let mut tasks = JoinSet::new();
     let mut stop = stop_rx.clone();
+    let mut spawned_counted = 0;
     for (index, (prompt, &at)) in workload.prompts.iter().zip(&workload.schedule).enumerate() {
         if at >= send_until || *stop.borrow() {
             break;
@@ -192,10 +200,13 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
         let (prompt, class) = (prompt.clone(), opts.class);
         let leave = workload.patience.get(index).filter(|p| p.is_finite()).map(|&patience| Leave { class, patience });
         let is_counted = (counted.0..counted.1).contains(&index);
+        spawned_counted += usize::from(is_counted);
+        let ignore_eos = opts.request.ignore_eos;
         let (left, stop_tx, mut stop) = (Arc::clone(&left), Arc::clone(&stop_tx), stop_rx.clone());
         tasks.spawn(async move {
             let _slot = slot;
             if clock.now() >= send_until || *stop.borrow() {
+                counted_done(&left, &stop_tx, usize::from(is_counted));
                 return None;
             }
             let mut ex = Exchange::default();
@@ -207,17 +218,21 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
                 // Only uncounted requests are cut when the counted ones are done.
                 _ = stop.wait_for(|s| *s), if !is_counted => Some(CUT_AFTER_COUNTED),
             };
+            counted_done(&left, &stop_tx, usize::from(is_counted));
             if !ex.started() {
                 return None;
             }
-            let result = ex.finish(index, at, &prompt, max_tokens, class, cut.map(|why| (clock.now(), why)));
-            pb.inc(1);
-            if is_counted && left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let _ = stop_tx.send(true);
+            let mut result = ex.finish(index, at, &prompt, max_tokens, class, cut.map(|why| (clock.now(), why)));
+            if ignore_eos {
+                // The output runs to max_tokens: that is its true length.
+                result.true_len = max_tokens;
             }
+            pb.inc(1);
             Some(result)
         });
     }
+    // Counted requests the loop never sent (a time limit, --duration) will not end by themselves.
+    counted_done(&left, &stop_tx, (counted.1 - counted.0) - spawned_counted);
     let mut results = Vec::with_capacity(workload.prompts.len());
     while let Some(joined) = tasks.join_next().await {
         if let Ok(Some(r)) = joined {
@@ -227,10 +242,12 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
     pb.finish_and_clear();
     results.sort_by_key(|r| r.index);
     let time_limit_hit = results.iter().any(|r| r.error.as_deref() == Some(CUT_BY_TIME_LIMIT)) || clock.now() >= opts.time_limit;
-    let sent_at = |i: usize| results.iter().find(|r| r.index == i).map(|r| r.record.arrival);
     if closed_loop {
-        let end = results.iter().map(|r| r.record.end).fold(0.0, f64::max);
-        window = (sent_at(counted.0).unwrap_or(0.0), sent_at(counted.1).unwrap_or(end));
+        // From the first counted send to the last counted end: with more slots than counted
+        // requests, the first counted request and the first one after them both go out at once.
+        let mine = results.iter().filter(|r| (counted.0..counted.1).contains(&r.index));
+        let (first, last) = mine.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.record.arrival), b.max(r.record.end)));
+        window = if first.is_finite() { (first, last.max(first)) } else { (0.0, 0.0) };
     } else if burst {
         let first = results.iter().map(|r| r.record.arrival).fold(f64::INFINITY, f64::min);
         let end = results.iter().map(|r| r.record.end).fold(f64::NEG_INFINITY, f64::max);

@@ -203,7 +203,8 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
     let counted: Vec<&RequestResult> = run.counted_results().collect();
     let records: Vec<_> = counted.iter().map(|r| r.record.clone()).collect();
     let s = WindowStats::aggregate(&records, (run.window.1 - run.window.0).max(0.0), &info.params);
-    let window = s.window_s.max(f64::MIN_POSITIVE);
+    // Rates over an empty window are 0 (as in `WindowStats`), not infinite.
+    let window = if s.window_s > 0.0 { s.window_s } else { f64::INFINITY };
     let completed: Vec<&&RequestResult> = counted.iter().filter(|r| r.record.outcome == Outcome::Completed).collect();
     let total_input_tokens: usize = completed.iter().map(|r| r.prompt_len).sum();
     let mut latency_ms = BTreeMap::new();

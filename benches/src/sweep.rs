@@ -146,6 +146,8 @@ pub struct PointSummary {
     pub idle_p99_all: f64,
     /// Mean true output length of the counted requests, capped by their max_tokens.
     pub mean_served_len: f64,
+    /// The run was a closed loop (a concurrency cap with everything scheduled at once).
+    pub closed_loop: bool,
     /// Passed over completed.
     pub attainment: f64,
     /// Passed over sent.
@@ -211,6 +213,7 @@ impl PointSummary {
             idle_p99_served: r.idle_p99_served,
             idle_p99_all: r.idle_p99_all,
             mean_served_len: r.offered_output_tps * r.window_s / r.counted.max(1) as f64,
+            closed_loop: r.closed_loop,
             attainment: s.attainment,
             attainment_offered: s.attainment_offered,
             ttft_p50: s.ttft.p50,
@@ -312,18 +315,16 @@ pub fn theta(series: &[(String, Vec<PointSummary>)], axis: Axis) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Sets every point's ceiling and fraction of it, from `theta`.
-pub fn set_ceilings(series: &mut [(String, Vec<PointSummary>)], axis: Axis, theta: f64, params: &SloParams) {
+/// Sets every point's ceiling and fraction of it, from `theta`: per request for a closed loop
+/// (a concurrency cap with everything scheduled at once), per second otherwise.
+pub fn set_ceilings(series: &mut [(String, Vec<PointSummary>)], theta: f64, params: &SloParams) {
     for p in series.iter_mut().flat_map(|(_, p)| p.iter_mut()) {
-        (p.ceiling, p.ceiling_fraction) = match axis {
-            Axis::RequestRate => {
-                let c = pace_scheduler::slo::ceiling(p.offered_output_tps, theta);
-                (c, pace_scheduler::slo::ceiling_fraction(p.smooth_goodput, c))
-            }
-            Axis::Concurrency => {
-                let c = pace_scheduler::sim::closed_loop_ceiling(p.load as usize, p.mean_served_len, theta, params);
-                (c, pace_scheduler::slo::ceiling_fraction(p.benefit_per_request, c))
-            }
+        (p.ceiling, p.ceiling_fraction) = if p.closed_loop {
+            let c = pace_scheduler::sim::closed_loop_ceiling(p.load as usize, p.mean_served_len, theta, params);
+            (c, pace_scheduler::slo::ceiling_fraction(p.benefit_per_request, c))
+        } else {
+            let c = pace_scheduler::slo::ceiling(p.offered_output_tps, theta);
+            (c, pace_scheduler::slo::ceiling_fraction(p.smooth_goodput, c))
         };
     }
 }
@@ -367,9 +368,10 @@ fn threshold(name: &str, slo: &BinarySlo) -> Option<Threshold> {
 pub fn charts(series: &[(String, Vec<PointSummary>)], axis: Axis, params: &SloParams, has_slo: bool) -> Vec<Chart> {
     let ceiling_line = |name: &str| -> Option<Line> {
         let (_, pts) = series.first()?;
-        match (name, axis) {
-            ("smooth_goodput", Axis::RequestRate) => Some(Line::new("ceiling: min(offered tok/s, Theta)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
-            ("benefit_per_request", Axis::Concurrency) => Some(Line::new("ceiling (fluid model)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
+        let closed = pts.iter().any(|p| p.closed_loop);
+        match (name, closed) {
+            ("smooth_goodput", false) => Some(Line::new("ceiling: min(offered tok/s, Theta)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
+            ("benefit_per_request", true) => Some(Line::new("ceiling (fluid model)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
             ("ceiling_fraction", _) => Some(Line::new("ceiling", pts.iter().map(|p| (p.load, 1.0)).collect())),
             _ => None,
         }
@@ -403,7 +405,7 @@ pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &mut [(St
     let params = &spec.info.params;
     let has_slo = spec.info.has_slo;
     let theta = theta(series, spec.axis);
-    set_ceilings(series, spec.axis, theta, params);
+    set_ceilings(series, theta, params);
     let heads: Vec<Headline> = series.iter().map(|(l, p)| headline(l, p)).collect();
     let json = serde_json::json!({
         "title": title,
@@ -480,9 +482,11 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
         ),
         Axis::Concurrency => writeln!(
             md,
-            "- Closed loops: every target gets the same requests, and benefit per request sent scores a refusal as 0. Ceiling: \
-             the best benefit per request of a fluid model (`pace_scheduler::sim::closed_loop_ceiling`) with Theta = {theta:.1} \
-             tok/s, the largest output throughput of any point."
+            "- Concurrency caps: with everything scheduled at once each cap is a closed loop, every target gets the same \
+             requests, and benefit per request sent scores a refusal as 0; its ceiling is the best benefit per request of a \
+             fluid model (`pace_scheduler::sim::closed_loop_ceiling`) with Theta = {theta:.1} tok/s, the largest output rate \
+             any point delivered during its window. With a finite --request-rate the caps are open loops with the \
+             per-second ceiling."
         ),
     };
     let _ = writeln!(
@@ -513,9 +517,12 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
     loads.dedup();
     for load in loads {
         let first = series.iter().flat_map(|(_, p)| p.iter()).find(|x| x.load == load);
-        let extra = first.map_or(String::new(), |x| match spec.axis {
-            Axis::RequestRate => format!(": ceiling {:.1} tok/s, window {:.0} s", x.ceiling, x.window_s),
-            Axis::Concurrency => format!(": ceiling {:.1} per request", x.ceiling),
+        let extra = first.map_or(String::new(), |x| {
+            if x.closed_loop {
+                format!(": ceiling {:.1} per request", x.ceiling)
+            } else {
+                format!(": ceiling {:.1} tok/s, window {:.0} s", x.ceiling, x.window_s)
+            }
         });
         let _ = writeln!(md, "\n### {load} {unit}{extra}\n\n| {} |\n|{}", head.join(" | "), "---|".repeat(head.len()));
         for (label, pts) in series {

@@ -286,9 +286,29 @@ async fn closed_loop_counts_by_place_in_the_sequence() {
     let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
     assert!(run.closed_loop);
     assert_eq!(run.counted, (1, 8));
+    // Slots are taken in workload order; two requests that got theirs at once may stamp their
+    // sends a moment apart in either order, but a later one never waits for a slot an earlier
+    // one is still waiting for.
     let sent: Vec<f64> = run.results.iter().map(|r| r.record.arrival).collect();
-    assert!(sent.windows(2).all(|w| w[0] <= w[1]), "requests go out in workload order: {sent:?}");
+    assert!(sent.windows(2).all(|w| w[0] <= w[1] + 0.005), "requests go out in workload order: {sent:?}");
+    let r2 = summarize(&run, &info(SloParams::default()));
+    assert!((r2.window_s - (run.window.1 - run.window.0)).abs() < 1e-12 && run.window.0 < 0.01);
     let r = summarize(&run, &info(SloParams::default()));
     assert_eq!((r.counted, r.completed), (7, 7));
     assert!(r.duration > 0.05 && r.closed_loop);
+}
+
+/// A closed loop with more slots than requests: the counted ones all go out at once, and the
+/// window still spans them (first counted send to last counted end), so rates stay finite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_with_more_slots_than_requests_keeps_a_real_window() {
+    let base = common::start(common::Cfg::new(30, 10)).await;
+    let client = pace_bench::client::http_client(32).unwrap();
+    let workload = Workload::new((0..10).map(|_| prompt("default", 3)).collect(), vec![0.0; 10]);
+    let opts = LoadOptions { max_concurrency: Some(64), ..options(SloClass::default(), true) };
+    let run = run_load(&client, &target(&base, "/v1/completions"), &workload, &opts).await;
+    assert!(run.closed_loop && run.counted == (1, 8));
+    let r = summarize(&run, &info(SloParams::default()));
+    assert!(r.duration > 0.04, "the window spans the counted streams ({} s)", r.duration);
+    assert!(r.output_throughput < 10_000.0 && r.smooth_goodput.is_finite());
 }

@@ -467,9 +467,10 @@ impl WindowStats {
         Self::aggregate(records.iter().filter(|r| key(r) >= start && key(r) <= end), end - start, params)
     }
 
-    /// Aggregate `records` over a window of `window_s` seconds.
+    /// Aggregate `records` over a window of `window_s` seconds. Rates over an empty window are 0.
     pub fn aggregate<'a>(records: impl IntoIterator<Item = &'a RequestRecord>, window_s: f64, params: &SloParams) -> WindowStats {
-        let window = window_s.max(f64::MIN_POSITIVE);
+        // Rates are per second of the window; an empty window has none (0, not infinity).
+        let window = if window_s > 0.0 { window_s } else { f64::INFINITY };
         let mut s = WindowStats { window_s, ..Default::default() };
         let (mut ttft, mut itl, mut tpot, mut e2e, mut idle) = (vec![], vec![], vec![], vec![], vec![]);
         let (mut ttft_served, mut tpot_served, mut idle_served, mut ttft_all, mut idle_all) = (vec![], vec![], vec![], vec![], vec![]);
@@ -562,7 +563,11 @@ pub fn check_window_fractions(warmup_fraction: f64, end_fraction: f64) -> Result
 /// requests get their tokens after it ends, and only this rate is bounded by the engine.
 pub fn delivered_rate(records: &[RequestRecord], t0: f64, t1: f64) -> f64 {
     let n: usize = records.iter().map(|r| r.token_times.iter().filter(|&&t| t >= t0 && t <= t1).count()).sum();
-    n as f64 / (t1 - t0).max(f64::MIN_POSITIVE)
+    if t1 > t0 {
+        n as f64 / (t1 - t0)
+    } else {
+        0.0
+    }
 }
 
 /// The best smooth goodput any scheduler could reach at a load (evaluation.md, point 7): every

@@ -135,7 +135,7 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
         for pt in &points {
             let s = &pt.runs[seed].eval.stats;
             assert_eq!((s.window_s, s.offered), (base.window_s, base.offered), "{}", pt.policy);
-            assert_eq!(s.offered, s.completed + s.rejected + s.dropped + s.abandoned + s.aborted + s.failed);
+            assert_eq!(s.aborted, 0, "{}: no counted request is cut; the run waits for them", pt.policy);
             let c = pt.runs[seed].ceiling;
             assert!(c > 0.0 && c <= pt.theta + 1e-9, "ceiling {c} vs theta {}", pt.theta);
             assert!(pt.theta >= sat.output_tps);

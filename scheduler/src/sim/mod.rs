@@ -120,17 +120,18 @@ pub enum Mode {
 /// What a simulation produced.
 #[derive(Debug, Clone)]
 pub struct SimResult {
-    /// One record per request, in request order. Requests still unfinished when the run stopped
-    /// (after the last counted request ended) are `Aborted` at the stop time; none is counted.
+    /// One record per request sent, in request order (requests the run stopped before sending
+    /// have none). Requests still unfinished when the run stopped (after the last counted request
+    /// ended) are `Aborted` at the stop time; none is counted.
     pub records: Vec<RequestRecord>,
-    /// The requests as run (closed loops: with the arrival times the clients sent them at).
+    /// The requests sent (closed loops: with the arrival times the clients sent them at).
     pub requests: Vec<SimRequest>,
     /// Tokens fed to the model for each request (prefill chunks, decodes, recomputes).
     pub work: Vec<usize>,
     /// Counted requests: indices `counted.0..counted.1`.
     pub counted: (usize, usize),
-    /// The measurement window, seconds: arrivals in it are counted (open loop), or the send
-    /// times of the first counted and the first request after them (closed loop).
+    /// The measurement window, seconds: arrivals in it are counted (open loop); closed loops and
+    /// runs too small for a window: the first counted send to the last counted end.
     pub window: (f64, f64),
     /// The scheduler's counters at the end.
     pub stats: SchedulerStats,
@@ -182,7 +183,7 @@ impl SimResult {
             (lo..hi).filter(|&i| self.records[i].outcome == Outcome::Abandoned).map(|i| self.work[i]).sum();
         Evaluation {
             stats,
-            offered_output_tps: served as f64 / window_s.max(f64::MIN_POSITIVE),
+            offered_output_tps: if window_s > 0.0 { served as f64 / window_s } else { 0.0 },
             mean_served_len: served as f64 / (hi - lo).max(1) as f64,
             delivered_tps: delivered_rate(&self.records, self.window.0, self.window.1),
             wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
@@ -323,8 +324,10 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
 
     // What is counted: an index range. Open loop: the arrivals inside the window (requests are
     // sorted by arrival). Closed loop: a share of the sequence of requests.
+    // A window that holds no request (a handful of requests, all arriving at once) counts them
+    // all, from the first arrival to the last end, as a burst is measured.
     let frac_index = |f: f64| ((f * m as f64).floor() as usize).min(m);
-    let (counted, mut window) = match mode {
+    let (mut counted, mut window) = match mode {
         Mode::Open => {
             let (first, last) = (reqs.first().map_or(0.0, |r| r.arrival), reqs.last().map_or(0.0, |r| r.arrival));
             let (w0, w1) = measurement_window(first, last, cfg.warmup_fraction, cfg.window_end_fraction);
@@ -332,12 +335,12 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
             let hi = reqs.partition_point(|r| r.arrival <= w1);
             ((lo, hi.max(lo)), (w0, w1))
         }
-        Mode::Closed { .. } => {
-            let lo = frac_index(cfg.warmup_fraction);
-            let hi = frac_index(cfg.window_end_fraction).max(lo);
-            ((lo, hi), (0.0, 0.0))
-        }
+        Mode::Closed { .. } => ((frac_index(cfg.warmup_fraction), frac_index(cfg.window_end_fraction)), (0.0, 0.0)),
     };
+    let burst = counted.1 <= counted.0 || (mode == Mode::Open && window.1 <= window.0);
+    if burst {
+        counted = (0, m);
+    }
     let mut book = Book {
         records: reqs
             .iter()
@@ -400,10 +403,17 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
                 book.departures.push(Reverse((At(class.departure(arrival, 0, r.patience)), i, 0)));
             }
         }
+        // A client whose patience ran out before the request was even looked at leaves now.
+        book.leave(&mut sched, t);
         if book.counted_left == 0 && next >= counted.1 {
-            if book.closed {
-                let at = |i: usize| reqs.get(i).filter(|_| i < next).map_or(t, |r| r.arrival);
-                window = (at(counted.0), at(counted.1));
+            if book.closed || burst {
+                // Closed loop: from the first counted send to the last counted end (the sends of
+                // the counted requests and of the next one can all fall at time 0 when there are
+                // more clients than counted requests).
+                let (lo, hi) = counted;
+                let first = book.records[lo..hi].iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
+                let last = book.records[lo..hi].iter().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
+                window = if hi > lo { (first, last.max(first)) } else { (t, t) };
             }
             break;
         }
@@ -453,14 +463,18 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
         sched.observe_step(&shape, dur);
         book.apply(&events, &reqs, class);
     }
+    // Requests never sent have no record; those still unfinished are cut at the stop.
     let mut records = book.records;
-    for (i, r) in records.iter_mut().enumerate().take(next) {
+    records.truncate(next);
+    reqs.truncate(next);
+    work.truncate(next);
+    for (i, r) in records.iter_mut().enumerate() {
         if !book.ended[i] {
             r.outcome = Outcome::Aborted;
             r.end = t;
         }
     }
-    let end = records.iter().take(next).map(|r| r.end).fold(start, f64::max);
+    let end = records.iter().map(|r| r.end).fold(start, f64::max);
     Ok(SimResult { records, requests: reqs, work, counted, window, stats: sched.stats(), steps, start, end })
 }
 
@@ -741,6 +755,11 @@ mod tests {
         }
         assert_eq!(res.counted, (6, 48));
         assert!(res.window.1 > res.window.0);
+        // More clients than counted requests: the window still spans the counted requests.
+        let many = run(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs[..20], Mode::Closed { clients: 30 }).unwrap();
+        assert_eq!(many.counted, (2, 16));
+        let e = many.evaluate(&cfg.sched.slo);
+        assert!(e.stats.window_s > 0.5 && e.stats.smooth_goodput.is_finite() && e.stats.smooth_goodput < 1e4, "{:?}", e.stats.window_s);
         let e = res.evaluate(&cfg.sched.slo);
         assert_eq!(e.stats.offered, 42);
         assert!(e.stats.benefit_per_request > 0.0);
@@ -754,8 +773,10 @@ mod tests {
         ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0) }.apply(&mut reqs, 5, 8192);
         let res = simulate(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap();
         let (lo, hi) = res.counted;
-        assert!(res.records[lo..hi].iter().all(|r| r.end <= res.end));
+        assert!(res.records[lo..hi].iter().all(|r| r.outcome != Outcome::Aborted), "every counted request ended by itself");
         assert!(res.records[lo].arrival >= res.window.0 && res.records[hi - 1].arrival <= res.window.1);
+        let last_counted = res.records[lo..hi].iter().map(|r| r.end).fold(0.0, f64::max);
+        assert!(res.end <= last_counted + 5.0, "stopped within a step or two of the last counted end ({} vs {last_counted})", res.end);
         assert!(res.records[hi..].iter().any(|r| r.outcome == Outcome::Aborted), "the uncounted tail was cut");
     }
 
