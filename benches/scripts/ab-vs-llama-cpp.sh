@@ -18,7 +18,8 @@
 #   simulator's 295), FACTORS (0.5,1,1.5,2), SPAN (280 s), PATIENCE (exp:20), THREADS (2),
 #   LLAMA_DIR (/tmp/llama-cpp, built by ../shared/tools/build-llama-cpp.sh), PACE
 #   (target/release/pace), POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth-no-admission,
-#   fcfs-admission,sarathi; empty to skip), SEED (42).
+#   fcfs-admission,sarathi; empty to skip), SEED (42), RESUME (set to 1 to keep every point
+#   already in RESULT_DIR and run only the missing ones: `pace bench ab --resume`).
 # About 100 minutes on this project's 2-core machine, which should be otherwise quiet.
 # llama-server stays up, idle, while pace runs (pace bench ab runs URL targets first); it is
 # stopped at the end.
@@ -51,7 +52,7 @@ common=(--endpoint /v1/chat/completions --dataset-name jsonl --dataset-path benc
   --num-prompts "$prompts" --duration "$SPAN" --warmup-fraction 0.3 --window-end-fraction 0.8
   --max-tokens-rule cap:1024 --patience "$PATIENCE" --temperature 0
   --extra-body '{"frequency_penalty": 0.5}' --tokenizer "$MODEL" --goodput ttft:5000 tpot:100
-  --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm)
+  --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm ${RESUME:+--resume})
 serve=(--pace-bin "$PACE" "--serve-arg=--slo=$SLO" "--serve-arg=--threads=$THREADS")
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -14,7 +14,7 @@ use crate::dataset::{load_prompts, load_tokenizer, DatasetSpec, Prompt};
 use crate::launch::{ServeConfig, ServeProcess};
 use crate::load::{run_load, LoadOptions, Workload};
 use crate::report::{summarize, table, utc_stamp, RunInfo};
-use crate::sweep::{run_series, write_report, Axis, Load, PointSummary, SweepSpec};
+use crate::sweep::{resumed_series, run_series, write_report, Axis, Load, PointSummary, SweepSpec};
 
 /// `pace bench` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -175,6 +175,11 @@ pub struct LoadArgs {
     /// Report directory (default: pace-bench-DATE).
     #[arg(long)]
     pub result_dir: Option<PathBuf>,
+    /// Reuse every point already in --result-dir instead of running it again (a sweep cut short
+    /// goes on where it stopped). A point file recorded for another workload, seed or SLO is an
+    /// error, never silently reused or overwritten.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 /// `pace bench sweep`.
@@ -464,6 +469,7 @@ fn sweep_spec(l: &LoadArgs, p: Prepared) -> Result<SweepSpec> {
         axis,
         loads,
         workload_desc: p.desc,
+        resume: l.resume,
     })
 }
 
@@ -516,6 +522,11 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
             log_dir: dir.join("logs"),
         };
         for policy in &a.scheduler {
+            if let Some(points) = resumed_series(&spec, &dir, policy)? {
+                eprintln!("[{policy}] every point is in {}: reused", dir.display());
+                series.push((policy.clone(), points));
+                continue;
+            }
             eprintln!("starting pace serve --scheduler {policy}");
             let mut server = ServeProcess::spawn(&cfg, policy)?;
             server.wait_ready(&client, cfg.start_timeout).await?;

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use pace_scheduler::slo::{capacity, BinarySlo, SloParams};
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +81,8 @@ pub struct SweepSpec {
     pub loads: Vec<Load>,
     /// One line describing the workload, for the report.
     pub workload_desc: String,
+    /// Reuse points already written (`--resume`).
+    pub resume: bool,
 }
 
 impl SweepSpec {
@@ -239,12 +241,67 @@ fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
 }
 
-/// Runs every load of `spec` against `target`, writing each full result under `dir/points/`.
+fn point_file(label: &str, x: f64) -> String {
+    format!("points/{}-{}.json", slug(label), slug(&format!("{x}")))
+}
+
+/// The point of `label` at `load` already in `dir`, when `spec.resume` is set and the file
+/// exists. It must have been recorded for the same workload (prompt count, rate, cap, seed,
+/// burstiness, SLO, API and tokenizer; the URL may differ): anything else is an error.
+fn resumed_point(spec: &SweepSpec, dir: &Path, label: &str, load: &Load) -> Result<Option<PointSummary>> {
+    let x = spec.x(load);
+    let file = point_file(label, x);
+    let path = dir.join(&file);
+    if !spec.resume || !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let r: BenchResult = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let want = RunInfo {
+        label: label.to_string(),
+        url: r.info.url.clone(),
+        model_id: r.info.model_id.clone(),
+        request_rate: load.rate,
+        max_concurrency: load.max_concurrency,
+        ..spec.info.clone()
+    };
+    if r.info != want {
+        bail!(
+            "--resume: {} was recorded for another run ({:?}; this one is {:?}); move it away or drop --resume",
+            path.display(),
+            r.info,
+            want
+        );
+    }
+    Ok(Some(PointSummary::of(&r, x, file)))
+}
+
+/// Every point of `label` from `dir` when `--resume` is set and all of them are there; `None`
+/// when any has to run.
+pub fn resumed_series(spec: &SweepSpec, dir: &Path, label: &str) -> Result<Option<Vec<PointSummary>>> {
+    let mut out = Vec::new();
+    for load in &spec.loads {
+        match resumed_point(spec, dir, label, load)? {
+            Some(p) => out.push(p),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Runs every load of `spec` against `target`, writing each full result under `dir/points/`
+/// (with `spec.resume`, a point already there is read back instead).
 pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepSpec, dir: &Path) -> Result<Vec<PointSummary>> {
     let points_dir = dir.join("points");
     std::fs::create_dir_all(&points_dir).with_context(|| format!("creating {}", points_dir.display()))?;
     let mut out = Vec::new();
     for load in &spec.loads {
+        let x = spec.x(load);
+        if let Some(p) = resumed_point(spec, dir, &target.label, load)? {
+            eprintln!("[{}] offered load {x} {}: reused {}", target.label, spec.axis.unit(), p.result_file);
+            out.push(p);
+            continue;
+        }
         let schedule = ArrivalProcess::new(load.rate, spec.burstiness)?.schedule(spec.prompts.len(), spec.seed);
         let workload = crate::cli::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience);
         let opts = LoadOptions { max_concurrency: load.max_concurrency, ..spec.options.clone() };
@@ -256,12 +313,11 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
             max_concurrency: load.max_concurrency,
             ..spec.info.clone()
         };
-        let x = spec.x(load);
         eprintln!("[{}] offered load {x} {} ...", target.label, spec.axis.unit());
         let run = run_load(client, target, &workload, &opts).await;
         let result = summarize(&run, &info);
         eprint!("{}", table(&result));
-        let file = format!("points/{}-{}.json", slug(&target.label), slug(&format!("{x}")));
+        let file = point_file(&target.label, x);
         std::fs::write(dir.join(&file), serde_json::to_string(&result)?).with_context(|| format!("writing {file}"))?;
         out.push(PointSummary::of(&result, x, file));
     }

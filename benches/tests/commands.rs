@@ -203,6 +203,37 @@ async fn ab_starts_and_stops_one_server_per_scheduler() {
         assert!(log.contains(&format!("--scheduler {policy} --max-num-seqs=4")), "{log}");
         assert!(log.contains("stopped by SIGTERM"), "the server was stopped gracefully: {log}");
     }
+    // --resume: a cut-short run goes on where it stopped. With fcfs's last point gone, smooth's
+    // server is not started again, fcfs's first point is read back as it was, and only the
+    // missing point runs.
+    let sweep_before = std::fs::read_to_string(report.join("sweep.json")).unwrap();
+    let fcfs10 = std::fs::read(report.join("points/fcfs-10.json")).unwrap();
+    std::fs::remove_file(report.join("points/fcfs-30.json")).unwrap();
+    std::fs::remove_dir_all(report.join("logs")).unwrap();
+    let mut resumed = args.clone();
+    resumed.push("--resume");
+    let BenchCommand::Ab(a) = parse(&resumed) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    assert!(!report.join("logs/serve-smooth.log").exists(), "smooth's points were all there");
+    assert!(report.join("logs/serve-fcfs.log").exists() && report.join("points/fcfs-30.json").exists());
+    assert_eq!(std::fs::read(report.join("points/fcfs-10.json")).unwrap(), fcfs10, "reused, not run again");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("sweep.json")).unwrap()).unwrap();
+    let old: serde_json::Value = serde_json::from_str(&sweep_before).unwrap();
+    // (Theta, and so every ceiling, moves with the rerun point; what was measured does not.)
+    let same = |a: &serde_json::Value, b: &serde_json::Value| {
+        for k in ["smooth_goodput", "counted", "delivered_tps", "offered_output_tps", "ttft_p99", "result_file"] {
+            assert_eq!(a[k], b[k], "{k}");
+        }
+    };
+    for (series, point) in [(0, 0), (0, 1), (1, 0)] {
+        same(&v["series"][series]["points"][point], &old["series"][series]["points"][point]);
+    }
+    // A point recorded for another workload is an error, not silently reused.
+    let other_seed: Vec<&str> = resumed.iter().map(|w| if *w == "5" { "6" } else { *w }).collect();
+    assert!(other_seed.contains(&"6"));
+    let BenchCommand::Ab(a) = parse(&other_seed) else { unreachable!() };
+    let err = pace_bench::cli::ab(&a).await.unwrap_err();
+    assert!(err.to_string().contains("was recorded for another run"), "{err}");
     // A server that dies at start is an error naming its log, not a hang.
     let cfg = pace_bench::launch::ServeConfig {
         bin: "/bin/false".into(),
