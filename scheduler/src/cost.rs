@@ -124,12 +124,15 @@ pub struct StepCostModel {
     ring: Vec<([f64; NF], f64)>,
     ring_pos: usize,
     since_refit: usize,
+    /// `measured / predicted` of the last [`WINDOW`] steps, predicted before the step was seen.
+    ratios: Vec<f64>,
+    ratio_pos: usize,
 }
 
 impl StepCostModel {
     /// A model that predicts with `prior` until measurements arrive.
     pub fn new(prior: CostCoeffs) -> Self {
-        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0 }
+        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0 }
     }
 
     /// A model seeded by a profile run: the prior is refit on `samples` at once.
@@ -153,10 +156,31 @@ impl StepCostModel {
         self.current.predict(shape)
     }
 
+    /// The `p` quantile of `measured / predicted` over the last [`WINDOW`] steps (each predicted
+    /// before it was measured); 1 before any step was measured.
+    pub fn ratio_quantile(&self, p: f64) -> f64 {
+        if self.ratios.is_empty() {
+            return 1.0;
+        }
+        let mut v = self.ratios.clone();
+        let k = ((p.clamp(0.0, 1.0) * (v.len() - 1) as f64).round() as usize).min(v.len() - 1);
+        *v.select_nth_unstable_by(k, f64::total_cmp).1
+    }
+
     /// Record a measured step; refits every [`REFIT_EVERY`] observations.
     pub fn observe(&mut self, shape: &StepShape, measured_secs: f64) {
         if !measured_secs.is_finite() || measured_secs < 0.0 {
             return;
+        }
+        let predicted = self.predict(shape);
+        if predicted > 0.0 && measured_secs > 0.0 {
+            let r = measured_secs / predicted;
+            if self.ratios.len() < WINDOW {
+                self.ratios.push(r);
+            } else {
+                self.ratios[self.ratio_pos] = r;
+                self.ratio_pos = (self.ratio_pos + 1) % WINDOW;
+            }
         }
         self.push(shape, measured_secs);
         self.since_refit += 1;
@@ -319,5 +343,23 @@ mod tests {
         assert!((m.coeffs().per_prefill_token_s - truth().per_prefill_token_s).abs() < 1e-9);
         m.observe(&s, f64::NAN);
         assert!(m.predict(&s).is_finite());
+    }
+
+    #[test]
+    fn ratio_quantile_tracks_how_far_steps_run_over_their_prediction() {
+        let mut m = StepCostModel::new(truth());
+        assert_eq!(m.ratio_quantile(0.75), 1.0, "no step measured yet");
+        let mut s = StepShape::default();
+        s.add_slice(50, 1);
+        // Steps take 1.00, 1.01, ..., 1.99 times the prediction, in a scrambled order.
+        for i in 0..100u32 {
+            let k = (i * 37) % 100;
+            m.observe(&s, truth().predict(&s) * (1.0 + f64::from(k) / 100.0));
+            // Keep the coefficients at the truth, so every ratio is the one fed.
+            m.current = truth();
+        }
+        let q = m.ratio_quantile(0.75);
+        assert!((q - 1.74).abs() < 0.011, "{q}");
+        assert!((m.ratio_quantile(0.0) - 1.0).abs() < 1e-9);
     }
 }

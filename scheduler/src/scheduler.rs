@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_pool::BlockPool;
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
+use crate::lengths::{LengthModel, LengthPrior};
 use crate::plan::{BatchPlan, RequestId, SeqSlice, StepOutput};
 use crate::policy::{self, Decisions, Policy, PolicyContext, SeqView};
 use crate::request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
@@ -54,6 +55,9 @@ pub struct SchedulerConfig {
     pub slo: SloParams,
     /// The step-cost model's starting coefficients (a preset, or a start-up profile).
     pub cost_prior: CostCoeffs,
+    /// Where the output-length model starts, and how much it remembers.
+    #[serde(default)]
+    pub lengths: LengthPrior,
 }
 
 impl Default for SchedulerConfig {
@@ -74,6 +78,7 @@ impl Default for SchedulerConfig {
                 per_kv_token_s: 2e-6,
                 per_attn_pair_s: 0.0,
             },
+            lengths: LengthPrior::default(),
         }
     }
 }
@@ -191,6 +196,8 @@ struct Req {
     num_preemptions: u32,
     /// Step number this request was last given tokens in.
     granted_in: u64,
+    /// Output the length model expected of it at admission.
+    expected_output: f64,
 }
 
 impl Req {
@@ -248,6 +255,7 @@ pub struct Scheduler {
     policy: Box<dyn Policy>,
     pool: BlockPool,
     cost: StepCostModel,
+    lengths: LengthModel,
     /// Longest sequence the pool and `max_model_len` both allow.
     max_len: usize,
     slots: Vec<Option<Req>>,
@@ -270,7 +278,12 @@ pub struct Scheduler {
     /// not change while it waits, so an unchanged queue keeps its views).
     waiting_dirty: bool,
     decisions: Decisions,
+    /// `expected / actual` output of requests that stopped by themselves, until drained.
+    length_errors: Vec<f64>,
 }
+
+/// Undrained length errors kept at most (a caller that never drains loses the rest).
+const MAX_LENGTH_ERRORS: usize = 4096;
 
 impl Scheduler {
     /// A scheduler with `policy`.
@@ -283,6 +296,7 @@ impl Scheduler {
         let max_len = cfg.max_model_len.min(pool.capacity() * cfg.block_size);
         Self {
             cost: StepCostModel::new(cfg.cost_prior),
+            lengths: LengthModel::new(cfg.lengths),
             policy,
             pool,
             max_len,
@@ -303,6 +317,7 @@ impl Scheduler {
             view_waiting: Vec::new(),
             waiting_dirty: false,
             decisions: Decisions::default(),
+            length_errors: Vec::new(),
             cfg,
         }
     }
@@ -325,6 +340,17 @@ impl Scheduler {
     /// The step-cost model (to replace it with a profiled one, see [`Self::set_cost_model`]).
     pub fn cost_model(&self) -> &StepCostModel {
         &self.cost
+    }
+
+    /// The output-length model.
+    pub fn length_model(&self) -> &LengthModel {
+        &self.lengths
+    }
+
+    /// `expected / actual` output length of every request that stopped by itself since the last
+    /// call (expected: the length model's prediction when it was admitted).
+    pub fn drain_length_errors(&mut self) -> std::vec::Drain<'_, f64> {
+        self.length_errors.drain(..)
     }
 
     /// Use `model`, for example one seeded by a start-up profile.
@@ -368,6 +394,7 @@ impl Scheduler {
             max_lateness: 0.0,
             num_preemptions: 0,
             granted_in: u64::MAX,
+            expected_output: self.lengths.expected_total(max_output),
         };
         self.queued_tokens += r.tokens.len();
         let slot = match self.free_slots.pop() {
@@ -461,6 +488,7 @@ impl Scheduler {
             max_num_seqs: self.cfg.max_num_seqs,
             max_batch_tokens: self.cfg.max_batch_tokens,
             cost: &self.cost,
+            lengths: &self.lengths,
             slo: &self.cfg.slo,
         };
         (&mut self.policy, ctx)
@@ -481,6 +509,7 @@ impl Scheduler {
         self.step += 1;
         let step = self.step;
         self.refresh_views();
+        self.lengths.refresh();
         let mut d = std::mem::take(&mut self.decisions);
         d.clear();
         {
@@ -672,6 +701,20 @@ impl Scheduler {
             }
         }
         self.finished.bump(reason);
+        // What the request says about output lengths: a stop is an observed length; a cut
+        // (length limit, client gone, drop) only bounds it from below.
+        match reason {
+            FinishReason::Stop => {
+                self.lengths.observe(r.max_output, r.num_output(), false);
+                if self.length_errors.len() < MAX_LENGTH_ERRORS && r.num_output() > 0 {
+                    self.length_errors.push(r.expected_output / r.num_output() as f64);
+                }
+            }
+            FinishReason::Length | FinishReason::Abort | FinishReason::Dropped => {
+                self.lengths.observe(r.max_output, r.num_output(), true);
+            }
+            FinishReason::Error | FinishReason::Rejected => {}
+        }
         self.released.push(id);
         Some(Event::Finished { id, reason, time: now, num_output: r.num_output() })
     }

@@ -406,3 +406,43 @@ fn stats_report_in_flight_idle_latency() {
     h.add(request(2, 4, 3, 3.0)).unwrap();
     assert!((h.sched.stats().max_idle_in_flight - 2.6).abs() < 1e-9);
 }
+
+/// A request that stops after exactly `k` output tokens under [`MockRunner`]'s sampling.
+fn stopping_request(id: u64, prompt: usize, max_tokens: usize, k: usize, arrival: f64) -> NewRequest {
+    NewRequest { stop_token_ids: vec![MockRunner::token(id, prompt + k - 1)], ..request(id, prompt, max_tokens, arrival) }
+}
+
+#[test]
+fn the_length_model_learns_from_stops_and_is_not_fooled_by_cuts() {
+    let cfg = SchedulerConfig { max_num_seqs: 8, max_batch_tokens: 64, num_kv_blocks: 400, max_model_len: 1024, ..small_cfg() };
+    // Requests cut by max_tokens say only that the answer is longer: 40 of them cut at 10 tokens
+    // leave the expected answer of a 500-token budget far above 10.
+    let mut h = Harness::new(cfg.clone(), "fcfs");
+    let prior = h.sched.length_model().expected_total(500);
+    for id in 0..40 {
+        h.add(request(id, 4, 10, h.now)).unwrap();
+        while h.sched.has_unfinished() {
+            h.step(0.01);
+        }
+    }
+    assert_eq!(h.finished().values().filter(|f| f.0 == FinishReason::Length).count(), 40);
+    let cut = h.sched.length_model().expected_total(500);
+    assert!(cut > 0.9 * prior, "censored at 10: {cut} (prior {prior})");
+    assert_eq!(h.sched.drain_length_errors().count(), 0, "only requests that stopped by themselves are scored");
+
+    // Requests that stop by themselves after 20 tokens pull it down towards 20, and the length
+    // errors (expected at admission over actual) shrink as it learns.
+    let mut h = Harness::new(cfg, "fcfs");
+    for id in 0..60 {
+        h.add(stopping_request(id, 4, 500, 20, h.now)).unwrap();
+        while h.sched.has_unfinished() {
+            h.step(0.01);
+        }
+    }
+    assert!(h.finished().values().all(|f| *f == (FinishReason::Stop, 20)));
+    let learned = h.sched.length_model().expected_total(500);
+    assert!(learned < 0.3 * prior && learned >= 20.0, "learned {learned} (prior {prior})");
+    let errors: Vec<f64> = h.sched.drain_length_errors().collect();
+    assert_eq!(errors.len(), 60);
+    assert!(errors[0] > 5.0 && errors[59] < errors[0] / 3.0, "first {} last {}", errors[0], errors[59]);
+}

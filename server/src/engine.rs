@@ -24,6 +24,11 @@ pub struct StepReport {
     pub num_seqs: usize,
     /// Wall time of the model execution, seconds (0 if nothing ran).
     pub exec_secs: f64,
+    /// The scheduler's prediction of that time, made before the step ran (0 if nothing ran).
+    pub predicted_secs: f64,
+    /// `expected / actual` output length of each request that stopped by itself in this step
+    /// (the length model's prediction at admission).
+    pub length_errors: Vec<f64>,
     /// The step's error, if it failed.
     pub error: Option<String>,
 }
@@ -123,8 +128,10 @@ impl EngineCore {
         match result {
             Ok(Ok(out)) => {
                 if !plan.seqs.is_empty() {
+                    let shape = StepShape::of(&plan);
                     report.exec_secs = exec;
-                    self.scheduler.observe_step(&StepShape::of(&plan), exec);
+                    report.predicted_secs = self.scheduler.cost_model().predict(&shape);
+                    self.scheduler.observe_step(&shape, exec);
                     self.consecutive_failures = 0;
                 }
                 report.events = self.scheduler.update(&plan, &out, end);
@@ -145,6 +152,7 @@ impl EngineCore {
             report.events = self.scheduler.fail_step(&plan, end);
         }
         self.plan = plan;
+        report.length_errors.extend(self.scheduler.drain_length_errors());
         report
     }
 }

@@ -260,6 +260,10 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     assert_eq!(m("pace_inter_token_latency_seconds_count"), (n_req * (tokens - 1)) as f64);
     assert_eq!(common::metric_value(&text, "pace_requests_total", &["finished_reason=\"length\""]), n_req as f64);
     assert!(text.contains("le=\"30\"") && text.contains("le=\"2\""), "SLO thresholds are bucket boundaries");
+    // The cost model's own quality: one predicted-over-measured ratio per step that ran.
+    let steps = m("pace_step_duration_seconds_count");
+    assert!(steps > 0.0);
+    assert_eq!(m("pace_step_time_prediction_error_ratio_count"), steps);
     for line in text.lines().filter(|l| l.starts_with("pace_")) {
         assert!(line.contains("model_name=\"SmolLM2-135M-Instruct\"") && line.contains("scheduler=\"fcfs\""), "labels on {line}");
     }

@@ -17,6 +17,7 @@ pub use fcfs::Fcfs;
 pub use smooth::{Smooth, SmoothConfig};
 
 use crate::cost::StepCostModel;
+use crate::lengths::LengthModel;
 use crate::plan::RequestId;
 use crate::request::RejectReason;
 use crate::slo::{SloClass, SloParams};
@@ -90,6 +91,8 @@ pub struct PolicyContext<'a> {
     pub max_batch_tokens: usize,
     /// Predicted step durations.
     pub cost: &'a StepCostModel,
+    /// Output lengths learned from finished requests.
+    pub lengths: &'a LengthModel,
     /// Metric parameters.
     pub slo: &'a SloParams,
 }
@@ -98,6 +101,11 @@ impl PolicyContext<'_> {
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// Output tokens `v` is expected to produce still (learned lengths, at most its room).
+    pub fn expected_remaining(&self, v: &SeqView) -> f64 {
+        self.lengths.expected_remaining(v.num_output, v.max_output)
     }
 }
 
@@ -152,14 +160,17 @@ pub const POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
 
 /// Ablations (experimental): each isolates one part of smooth's gain (evaluation.md, point 9).
 /// - `smooth-no-admission`: smooth's step planning, admitting everything;
+/// - `smooth-no-feed-limit`: smooth starting whatever fits the batch, not only what it can keep
+///   at its readers' rates (its door still predicts with the limit);
 /// - `fcfs-admission`: fcfs's steps behind smooth's admission;
 /// - `sarathi`: fcfs with a per-step token budget, the largest whose predicted step time keeps
 ///   every running stream at its reading rate (Sarathi-Serve's stall-free budget, derived from
 ///   the readers instead of a fixed TBT target).
-pub const ABLATION_NAMES: [&str; 3] = ["smooth-no-admission", "fcfs-admission", "sarathi"];
+pub const ABLATION_NAMES: [&str; 4] = ["smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// Every name [`by_name`] accepts: the policies, then the ablations.
-pub const ALL_POLICY_NAMES: [&str; 6] = ["smooth", "fcfs", "drop-late", "smooth-no-admission", "fcfs-admission", "sarathi"];
+pub const ALL_POLICY_NAMES: [&str; 7] =
+    ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// A policy by name (see [`ALL_POLICY_NAMES`]).
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
@@ -168,6 +179,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
         "fcfs" => Some(Box::new(Fcfs::new())),
         "drop-late" => Some(Box::new(DropLate::new())),
         "smooth-no-admission" => Some(Box::new(Smooth::new(SmoothConfig { admission: false, ..SmoothConfig::default() }))),
+        "smooth-no-feed-limit" => Some(Box::new(Smooth::new(SmoothConfig { feed_limit: false, ..SmoothConfig::default() }))),
         "fcfs-admission" => Some(Box::new(FcfsAdmission::new())),
         "sarathi" => Some(Box::new(Sarathi::new())),
         _ => None,

@@ -1,4 +1,5 @@
-//! `smooth`: schedule for the user's reading buffer, admit only what can be served.
+//! `smooth`: schedule for the user's reading buffer, run only what can be fed, admit only what
+//! can be served.
 //!
 //! # What it optimises
 //!
@@ -36,22 +37,36 @@
 //! 5. When blocks run out, the deepest buffer is preempted first (it is recomputed later, when
 //!    its reader has caught up), instead of fcfs's newest request.
 //!
-//! # Admission
+//! # The feed limit: the batch holds what it can keep at its readers' rates
+//!
+//! A stream kept at its reading rate `q` uses `q * cost` of the machine's time, where `cost` is
+//! its machine seconds per output token: its decode slot, its KV reads, and the prefill its
+//! replacement will need, per output token (prefill seconds over expected output tokens of the
+//! requests in the system; lengths from [`crate::lengths`]). Each step also
+//! pays the base cost, and the fastest reader needs a step every `1 / q_max` seconds, so a
+//! running set uses `U = q_max * base + sum_i q_i * cost_i`. A waiting request starts only while
+//! `U` with it stays under the feed cap, `1 / r75` with `r75` the 75th percentile of measured
+//! over predicted step times (a cost model that runs slow shrinks the batch with it). Admitting
+//! past that point adds no throughput the readers can use: it slows every stream below its
+//! reader (the first generation's TPOT p50 sat at twice the reading interval under overload).
+//! The others wait, in deadline order.
+//!
+//! # Admission: the door
 //!
 //! At the door the policy predicts the new request's first-token time: the prefill tokens ahead
-//! of it in the queue at the rate of full steps with the current decodes, or, when the running
-//! batch is full, the time until enough running streams finish. That gives its predicted idle
-//! latency `l` and its predicted benefit `n - alpha * f(l)`, with `n` the most tokens it can
-//! produce. A request whose predicted benefit is negative is rejected. So is one whose benefit,
-//! net of what it displaces, is negative: admitting a request that will wait behind others means
-//! that, for as long as the overload lasts, some later request is served later too, so the loss
+//! of it at full steps, and the time until the feed limit lets it start (running streams free
+//! their share when they are predicted to finish, at their readers' pace, for their expected
+//! remaining output; the requests queued ahead start first). That gives its predicted idle
+//! latency `l` and its predicted benefit `n - alpha * f(l)`, with `n` its *expected* output
+//! (learned, not `max_tokens`). A request whose predicted benefit is negative is rejected. When
+//! the feed limit binds (it cannot start before running streams finish), so is one whose loss
 //! *caused by queueing* (its loss at the predicted wait minus its loss if it were served alone,
-//! which no policy could avoid) may be at most `admit_max_loss * n` (default 2%), or the loss of
-//! waiting `admit_queue_slots` (default 4) times its own prefill, whichever is larger. A rejection
-//! carries a Retry-After of the predicted excess wait. Below
-//! saturation the predicted wait is a step or two and nobody is rejected; above it the queue is
-//! held at the wait where the loss reaches that margin, which keeps the batch full (throughput)
-//! while admitted users wait seconds, not minutes. It never drops a started stream.
+//! which no policy could avoid) exceeds `admit_max_loss * n` (default 2%): under sustained
+//! overload every admitted request displaces a later one, so the queue is held where waiting
+//! costs little. A backlog of prompts with room to run them (a burst) is not overload and is only
+//! refused when waiting it out is worth nothing. A rejection carries a Retry-After of the
+//! predicted excess wait. Below saturation nobody is rejected, and neither is a closed loop of
+//! clients that the feed limit can hold. It never drops a started stream.
 
 use std::cmp::Ordering;
 
@@ -65,14 +80,11 @@ use crate::slo::Penalty;
 pub struct SmoothConfig {
     /// A stream is due when its slack is below this many predicted full steps.
     pub horizon_steps: f64,
-    /// Most predicted loss `alpha * f(l)`, as a fraction of the request's tokens, accepted at the
-    /// door.
+    /// Most predicted loss caused by queueing (`alpha * f(l)` beyond what the request would lose
+    /// alone), as a fraction of its expected tokens, accepted at the door. Under sustained
+    /// overload every admitted request displaces a later one, so the queue is held where the
+    /// loss it causes is this small; below saturation nobody waits that long.
     pub admit_max_loss: f64,
-    /// Queueing always tolerated at the door, in units of the request's own prefill time: a
-    /// queue a few requests deep keeps the server busy through bursts and costs little. On a
-    /// fast GPU the fraction above dominates; on a CPU, where one prefill takes as long as a
-    /// reader's whole buffer, this does.
-    pub admit_queue_slots: f64,
     /// A request waiting longer than this (seconds) is prefilled in deadline order ahead of
     /// the others.
     pub starvation_s: f64,
@@ -82,6 +94,13 @@ pub struct SmoothConfig {
     /// Refuse requests at the door by predicted benefit; `false` admits everything (the
     /// `smooth-no-admission` ablation).
     pub admission: bool,
+    /// Start a waiting request only while the running streams and it can all be kept at their
+    /// readers' rates (the feed limit); `false` starts whatever fits the batch.
+    pub feed_limit: bool,
+    /// The feed limit keeps this quantile of steps within the machine's time: the predicted
+    /// utilisation may reach `1 / q`, where `q` is this quantile of measured over predicted
+    /// step times (so a model that runs 5% slow shrinks the batch by 5%).
+    pub feed_quantile: f64,
 }
 
 impl Default for SmoothConfig {
@@ -89,10 +108,11 @@ impl Default for SmoothConfig {
         Self {
             horizon_steps: 3.0,
             admit_max_loss: 0.02,
-            admit_queue_slots: 4.0,
             starvation_s: 2.0,
             min_chunk_fraction: 0.25,
             admission: true,
+            feed_limit: true,
+            feed_quantile: 0.75,
         }
     }
 }
@@ -105,8 +125,8 @@ pub struct Smooth {
     ready: Vec<(f64, usize)>,
     /// Prefill candidates: (priority key, is running, index).
     cands: Vec<(f64, bool, usize)>,
-    /// Remaining output of running requests (admission scratch).
-    remaining: Vec<usize>,
+    /// Admission scratch: (finish time, utilisation share) of running and started streams.
+    finishes: Vec<(f64, f64)>,
 }
 
 impl Smooth {
@@ -153,7 +173,125 @@ fn idle_for_loss(penalty: Penalty, alpha: f64, loss: f64) -> f64 {
     }
 }
 
+/// Machine seconds per output token of `v` while it runs at its reader's pace, when it is
+/// expected to produce `rem` more tokens: its decode slot, its KV reads at its mean context over
+/// the rest of its answer, and `kappa`, the prefill the streams' replacements will need per
+/// output token ([`prefill_per_token`]).
+fn token_cost(c: &CostCoeffs, v: &SeqView, rem: f64, kappa: f64) -> f64 {
+    c.per_decode_seq_s + c.per_kv_token_s * (v.num_tokens as f64 + rem / 2.0) + kappa
+}
+
+/// Prefill seconds per expected output token over the requests in the system (and `extra`):
+/// in a steady state every finished stream is replaced by a newcomer whose prompt must be
+/// prefilled, so this is the prefill load each output token carries. A ratio of sums, so one
+/// long prompt with a short answer raises everyone's share a little instead of looking, alone,
+/// like more than the whole machine (its prefill is a burst the step planner interleaves).
+fn prefill_per_token(c: &CostCoeffs, ctx: &PolicyContext<'_>, extra: Option<(&SeqView, f64)>) -> f64 {
+    let (mut secs, mut tokens) = (0.0, 0.0);
+    let known = ctx.running.iter().chain(ctx.waiting).map(|v| (v, ctx.expected_remaining(v)));
+    for (v, rem) in known.chain(extra) {
+        secs += c.per_prefill_token_s * v.prompt_len as f64 + c.per_attn_pair_s * pairs(0, v.prompt_len);
+        tokens += v.num_output as f64 + rem;
+    }
+    if tokens > 0.0 {
+        secs / tokens
+    } else {
+        0.0
+    }
+}
+
+/// The feed limit's arithmetic: a set of streams, each kept at its reading rate `q_i`, uses the
+/// fraction `q_max * base + sum_i q_i * token_cost_i` of the machine's time (each step pays the
+/// base cost, and the fastest reader needs a step every `1 / q_max` seconds).
+#[derive(Debug, Clone, Copy, Default)]
+struct Feed {
+    q_max: f64,
+    load: f64,
+    count: usize,
+}
+
+impl Feed {
+    fn share(c: &CostCoeffs, v: &SeqView, rem: f64, kappa: f64) -> f64 {
+        v.class.reading_rate * token_cost(c, v, rem, kappa)
+    }
+
+    fn utilisation(&self, base: f64) -> f64 {
+        self.q_max * base + self.load
+    }
+
+    fn with(&self, q: f64, share: f64) -> Feed {
+        Feed { q_max: self.q_max.max(q), load: self.load + share, count: self.count + 1 }
+    }
+}
+
 impl Smooth {
+    /// The most of the machine's time the feed limit lets the running streams take (see
+    /// [`SmoothConfig::feed_quantile`]); unlimited without the feed limit.
+    fn feed_cap(&self, ctx: &PolicyContext<'_>) -> f64 {
+        if self.cfg.feed_limit {
+            1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0)
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// The running streams' feed.
+    fn running_feed(ctx: &PolicyContext<'_>, kappa: f64) -> Feed {
+        let c = ctx.cost.coeffs();
+        ctx.running.iter().fold(Feed::default(), |f, v| f.with(v.class.reading_rate, Feed::share(&c, v, ctx.expected_remaining(v), kappa)))
+    }
+
+    /// When `req`, queued behind every waiting request, is predicted to start under the feed
+    /// limit (and `max_num_seqs`): streams free their share of the machine when they are
+    /// predicted to finish, at their readers' pace; each waiting request starts, in queue order,
+    /// as soon as its share fits. Engine time; `now` when it fits at once.
+    fn predicted_start(&mut self, req: &SeqView, ctx: &PolicyContext<'_>, c: &CostCoeffs) -> f64 {
+        let cap = self.feed_cap(ctx);
+        let now = ctx.now;
+        // A queue this long is refused anyway; stop predicting past it.
+        const MAX_QUEUE_SIMULATED: usize = 4096;
+        if ctx.waiting.len() > MAX_QUEUE_SIMULATED {
+            return f64::INFINITY;
+        }
+        let req_rem = ctx.lengths.expected_total(req.max_output);
+        let kappa = prefill_per_token(c, ctx, Some((req, req_rem)));
+        self.finishes.clear();
+        let mut feed = Feed::default();
+        for v in ctx.running {
+            let rem = ctx.expected_remaining(v);
+            let share = Feed::share(c, v, rem, kappa);
+            feed = feed.with(v.class.reading_rate, share);
+            self.finishes.push((now + rem / v.class.reading_rate, share));
+        }
+        // Soonest finish last, so the next to finish pops off the end.
+        self.finishes.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        let mut t = now;
+        // Starts `v` (expected to produce `rem` more tokens) at the first finish that makes room.
+        let mut start = |v: &SeqView, rem: f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64)>| -> f64 {
+            let share = Feed::share(c, v, rem, kappa);
+            let q = v.class.reading_rate;
+            while feed.count > 0 && (feed.with(q, share).utilisation(c.base_s) > cap || feed.count >= ctx.max_num_seqs) {
+                let Some((at, freed)) = finishes.pop() else { break };
+                t = t.max(at);
+                feed.load -= freed;
+                feed.count -= 1;
+                if feed.count == 0 {
+                    *feed = Feed::default();
+                }
+            }
+            *feed = feed.with(q, share);
+            t
+        };
+        for v in ctx.waiting {
+            let rem = ctx.expected_remaining(v);
+            let at = start(v, rem, &mut feed, &mut self.finishes);
+            let end = at + rem / v.class.reading_rate;
+            let pos = self.finishes.partition_point(|f| f.0 > end);
+            self.finishes.insert(pos, (end, Feed::share(c, v, rem, kappa)));
+        }
+        start(req, req_rem, &mut feed, &mut self.finishes)
+    }
+
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
     fn full_step(ctx: &PolicyContext<'_>, decodes: usize, decode_kv: usize) -> (usize, f64) {
         let mut shape = StepShape { decode_seqs: decodes, kv_tokens: decode_kv, ..Default::default() };
@@ -165,10 +303,10 @@ impl Smooth {
 
 impl Policy for Smooth {
     fn name(&self) -> &'static str {
-        if self.cfg.admission {
-            "smooth"
-        } else {
-            "smooth-no-admission"
+        match (self.cfg.admission, self.cfg.feed_limit) {
+            (true, true) => "smooth",
+            (false, _) => "smooth-no-admission",
+            (true, false) => "smooth-no-feed-limit",
         }
     }
 
@@ -176,6 +314,7 @@ impl Policy for Smooth {
         if !self.cfg.admission {
             return Ok(());
         }
+        let c = ctx.cost.coeffs();
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
         let (chunk, t_full) = Self::full_step(ctx, n_dec, kv_dec);
@@ -193,19 +332,17 @@ impl Policy for Smooth {
             full as f64 * t_full + ctx.cost.predict(&last)
         };
         let own = own_time(true);
+        // Prefill throughput: every prompt token ahead of it, at full steps.
         let mut wait = ahead as f64 / rate + own;
-        // A full batch: the request starts when enough running streams finish, one token a step.
-        let over = (ctx.running.len() + ctx.waiting.len() + 1).saturating_sub(ctx.max_num_seqs);
-        if over > 0 && !ctx.running.is_empty() {
-            self.remaining.clear();
-            self.remaining.extend(ctx.running.iter().map(|v| v.remaining_output().max(1)));
-            let rounds = (over - 1) / self.remaining.len();
-            let k = (over - 1) % self.remaining.len();
-            let longest = *self.remaining.iter().max().unwrap_or(&1);
-            let kth = *self.remaining.select_nth_unstable(k).1;
-            let steps = rounds * longest + kth;
-            wait = wait.max(steps as f64 * t_full + own);
-        }
+        // The feed limit: a waiting request starts when the streams running (at their readers'
+        // pace, for their expected remaining output) have freed enough of the machine, in queue
+        // order, each started request then running for its own expected output.
+        let start = self.predicted_start(req, ctx, &c);
+        // Capacity-bound: it cannot start before running streams finish. Only then does
+        // admitting it displace a later request (the machine is full for as long as the overload
+        // lasts); a backlog of prompts with room to run them is a burst that clears by itself.
+        let bound = start > ctx.now;
+        wait = wait.max(start - ctx.now + own);
         let deadline = req.next_deadline();
         let idle = (ctx.now + wait - deadline).max(0.0);
         // What it would lose alone on the machine is no reason to refuse it: no policy can do
@@ -213,13 +350,16 @@ impl Policy for Smooth {
         let alone = own_time(false);
         let idle_alone = (ctx.now + alone - deadline).max(0.0);
         let slo = ctx.slo;
-        let n = req.remaining_output();
-        let max_loss = (self.cfg.admit_max_loss * n as f64).max(slo.alpha * slo.penalty.apply(self.cfg.admit_queue_slots * alone));
-        let queue_loss = slo.benefit(n, idle_alone) - slo.benefit(n, idle);
-        if slo.benefit(n, idle) < 0.0 || queue_loss > max_loss {
+        // Its expected output (learned lengths), not max_tokens.
+        let n = ctx.lengths.expected_total(req.max_output).max(1.0);
+        let benefit = |idle: f64| n - slo.alpha * slo.penalty.apply(idle);
+        let max_loss = self.cfg.admit_max_loss * n;
+        let queue_loss = benefit(idle_alone) - benefit(idle);
+        if benefit(idle) < 0.0 || (bound && queue_loss > max_loss) {
             let base = slo.alpha * slo.penalty.apply(idle_alone);
-            let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n as f64));
-            return Err((RejectReason::PredictedLate, (idle - ok_idle).max(t_full)));
+            let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
+            // (An hour at most: a prediction that far out is no promise.)
+            return Err((RejectReason::PredictedLate, (idle - ok_idle).max(t_full).min(3600.0)));
         }
         Ok(())
     }
@@ -276,6 +416,12 @@ impl Policy for Smooth {
         };
 
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
+        // The feed limit: a waiting request starts only while every running stream and it can
+        // be kept at their readers' rates (an idle server always starts one).
+        let feed_cap = self.feed_cap(ctx);
+        let kappa = prefill_per_token(&c, ctx, None);
+        let mut feed = Self::running_feed(ctx, kappa);
+        let mut feed_full = false;
         let mut next_cand = 0;
         let mut partial: Option<(usize, usize)> = None; // (grant index, tokens granted) of a cut chunk
         let mut prefill = |limit_tokens: usize, time: &mut f64, tokens_left: &mut usize, out: &mut Decisions| {
@@ -300,9 +446,19 @@ impl Policy for Smooth {
             while next_cand < self.cands.len() && given < limit_tokens && *tokens_left > 0 {
                 let (_, running, i) = self.cands[next_cand];
                 let v = if running { &ctx.running[i] } else { &ctx.waiting[i] };
-                if !running && slots == 0 {
-                    next_cand = self.cands.len();
-                    break;
+                // A waiting request needs a free place in the batch and room under the feed
+                // limit; once one does not fit, no later one starts this step (queue order is
+                // kept), but running prompts still progress.
+                let mut started = None;
+                if !running {
+                    let share = Feed::share(&c, v, ctx.expected_remaining(v), kappa);
+                    let with = feed.with(v.class.reading_rate, share);
+                    if feed_full || slots == 0 || (feed.count > 0 && with.utilisation(c.base_s) > feed_cap) {
+                        feed_full = true;
+                        next_cand += 1;
+                        continue;
+                    }
+                    started = Some(with);
                 }
                 let want = v.uncomputed().min(*tokens_left).min(limit_tokens - given);
                 let len = fit_len(&c, v.num_computed, want, cap - *time);
@@ -310,8 +466,9 @@ impl Policy for Smooth {
                     break;
                 }
                 next_cand += 1;
-                if !running {
+                if let Some(with) = started {
                     slots -= 1;
+                    feed = with;
                 }
                 *time += slice_cost(&c, v.num_computed, len);
                 *tokens_left -= len;

@@ -5,6 +5,7 @@
 
 use super::workload::{Arrivals, LengthSource, Lengths, WorkloadSpec};
 use crate::cost::CostCoeffs;
+use crate::lengths::LengthPrior;
 use crate::scheduler::SchedulerConfig;
 use crate::slo::SloParams;
 
@@ -110,6 +111,7 @@ fn cpu_smollm2() -> Preset {
             max_queue_tokens: usize::MAX / 2,
             slo: SloParams { binary: "ttft:5000 tpot:100".parse().expect("valid"), ..SloParams::default() },
             cost_prior: cost,
+            lengths: LengthPrior::default(),
         },
         workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()) },
         goodput: "ttft:5000 tpot:100",
@@ -172,6 +174,7 @@ fn h200_llama3_8b() -> Preset {
             max_queue_tokens: usize::MAX / 2,
             slo: SloParams { binary: "ttft:500 tpot:50".parse().expect("valid"), ..SloParams::default() },
             cost_prior: h200_cost(),
+            lengths: LengthPrior::default(),
         },
         workload: WorkloadSpec {
             arrivals: Arrivals::Poisson,

@@ -194,7 +194,10 @@ impl EngineLoop {
         if let Some(e) = &report.error {
             tracing::error!("engine step failed ({} requests failed with it): {e}", report.num_seqs);
         } else if report.num_seqs > 0 {
-            metrics::record_step(report.exec_secs, report.num_tokens);
+            metrics::record_step(report.exec_secs, report.predicted_secs, report.num_tokens);
+        }
+        for &e in &report.length_errors {
+            metrics::record_length_error(e);
         }
         for ev in report.events {
             self.dispatch(ev);

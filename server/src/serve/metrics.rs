@@ -26,6 +26,8 @@ const PROMPT_TOKENS: &str = "pace_request_prompt_tokens";
 const GEN_TOKENS: &str = "pace_request_generation_tokens";
 const STEP: &str = "pace_step_duration_seconds";
 const STEP_TOKENS: &str = "pace_step_batch_tokens";
+const STEP_ERROR: &str = "pace_step_time_prediction_error_ratio";
+const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
 
 /// Finish reasons as exported (`finished_reason` label values).
 pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
@@ -58,6 +60,8 @@ pub fn install(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Re
     let itl = [0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
     let idle = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0];
     let tokens = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0];
+    // Predicted over actual: 1 is exact; 0.9 and 1.1 bound the 10% band.
+    let ratio = [0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0];
     let b = slo.binary;
     let handle = PrometheusBuilder::new()
         .add_global_label("model_name", model_name)
@@ -72,6 +76,8 @@ pub fn install(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Re
         .set_buckets_for_metric(Matcher::Full(GEN_TOKENS.into()), &tokens)?
         .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), &tokens)?
         .set_buckets_for_metric(Matcher::Full(STEP.into()), &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12])?
+        .set_buckets_for_metric(Matcher::Full(STEP_ERROR.into()), &ratio)?
+        .set_buckets_for_metric(Matcher::Full(LENGTH_ERROR.into()), &ratio)?
         .install_recorder()?;
     describe();
     // Counters exist from the start, so rates and alerts have series before the first event.
@@ -98,6 +104,12 @@ fn describe() {
     describe_histogram!(GEN_TOKENS, Unit::Count, "Generated tokens per request.");
     describe_histogram!(STEP, Unit::Seconds, "Duration of one engine step (one forward pass).");
     describe_histogram!(STEP_TOKENS, Unit::Count, "Tokens fed to the model per step.");
+    describe_histogram!(STEP_ERROR, Unit::Count, "The scheduler's predicted step time over the measured one (1 is exact).");
+    describe_histogram!(
+        LENGTH_ERROR,
+        Unit::Count,
+        "Expected output length at admission (learned lengths) over the actual one, for requests that stopped by themselves."
+    );
     describe_gauge!("pace_goodput_requests_per_second", "Requests that met the binary SLO per second, over the metrics window.");
     describe_gauge!("pace_goodput_tokens_per_second", "Output tokens of requests that met the binary SLO per second, over the window.");
     describe_gauge!("pace_smooth_goodput_per_second", "Sum of benefits n - alpha f(idle) per second, over the window.");
@@ -118,10 +130,20 @@ pub fn record_queue_time(secs: f64) {
     histogram!(QUEUE).record(secs.max(0.0));
 }
 
-/// One engine step.
-pub fn record_step(secs: f64, tokens: usize) {
+/// One engine step: its measured time, the scheduler's prediction of it, its tokens.
+pub fn record_step(secs: f64, predicted_secs: f64, tokens: usize) {
     histogram!(STEP).record(secs);
     histogram!(STEP_TOKENS).record(tokens as f64);
+    if secs > 0.0 && predicted_secs > 0.0 {
+        histogram!(STEP_ERROR).record(predicted_secs / secs);
+    }
+}
+
+/// The length model's error on one request that stopped by itself (expected over actual).
+pub fn record_length_error(ratio: f64) {
+    if ratio.is_finite() && ratio > 0.0 {
+        histogram!(LENGTH_ERROR).record(ratio);
+    }
 }
 
 /// Engine load after a step.
