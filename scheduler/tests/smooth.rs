@@ -51,10 +51,16 @@ fn smooth_keeps_its_readers_fed_and_refuses_nobody_below_saturation() {
 }
 
 /// A closed loop that the engine can keep fed is never refused: 32 clients on a machine whose
-/// feed limit holds more streams than that.
+/// feed limit holds more streams than that. One it cannot feed (64 clients) is not refused
+/// request after request either: a refused client sends again at once, and the door sees it.
 #[test]
 fn a_closed_loop_the_engine_can_feed_is_never_refused() {
     let (p, cfg, client, sat) = setup();
+    let over = [Load::Clients(64)];
+    let spec = SweepSpec { policies: &["smooth"], loads: &over, num_requests: 600, seeds: &[2], client, saturation: sat };
+    let s = &sweep(&cfg, &p.workload, &spec).unwrap()[0].runs[0].eval.stats;
+    eprintln!("smooth, 64 clients: benefit per request {:.1}, rejected {:.1}%", s.benefit_per_request, 100.0 * s.rejected_frac);
+    assert!(s.rejected_frac < 0.5, "refusals cascade through the loop: {}", s.rejected_frac);
     let loads = [Load::Clients(8), Load::Clients(32)];
     let spec = SweepSpec { policies: &["smooth", "fcfs"], loads: &loads, num_requests: 300, seeds: &[2], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();

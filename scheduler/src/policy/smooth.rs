@@ -66,7 +66,10 @@
 //! costs little. A backlog of prompts with room to run them (a burst) is not overload and is only
 //! refused when waiting it out is worth nothing. A rejection carries a Retry-After of the
 //! predicted excess wait. Below saturation nobody is rejected, and neither is a closed loop of
-//! clients that the feed limit can hold. It never drops a started stream.
+//! clients that the feed limit can hold. A closed loop it cannot hold is not refused by the
+//! margin either: when refused clients come straight back (most first arrivals after a refusal
+//! land within moments of it), refusing frees nothing and only turns requests into zeros, so
+//! then only requests whose wait is worth nothing are refused. It never drops a started stream.
 
 use std::cmp::Ordering;
 
@@ -127,6 +130,54 @@ pub struct Smooth {
     cands: Vec<(f64, bool, usize)>,
     /// Admission scratch: (finish time, utilisation share) of running and started streams.
     finishes: Vec<(f64, f64)>,
+    /// Whether refused clients come straight back (see [`Retries`]).
+    retries: Retries,
+}
+
+/// Do refused clients go away? Refusing a request under overload helps only if the demand
+/// goes away with it: then the queue it would have joined stays short for the requests that
+/// come later. A closed population of clients (each sends its next request as soon as the last
+/// one ends or is refused) just sends again, so a refusal scores 0 and frees nothing, and
+/// refusing by the queue's length would refuse every request of such a loop in turn. This
+/// watches the first arrival after each refusal: one that comes within `min(20 ms, 0.05 * gap)`
+/// of it (`gap` the mean gap between arrivals that were not such retries) is a client that did
+/// not go away (independent arrivals land that close with a probability of about 5%). While most refusals are followed
+/// by one (an average over the last eight or so), the door refuses only requests whose wait is
+/// worth nothing, not those it would merely keep the queue short by refusing.
+#[derive(Debug, Clone, Copy, Default)]
+struct Retries {
+    last_refusal: Option<f64>,
+    last_arrival: Option<f64>,
+    /// Mean gap between arrivals that were not retries, seconds (0 until seen).
+    mean_gap: f64,
+    /// Moving average of "the refused client came straight back".
+    score: f64,
+}
+
+impl Retries {
+    const WINDOW_S: f64 = 0.02;
+    const WEIGHT: f64 = 0.125;
+
+    /// An arrival at `now`; returns whether refused clients are coming straight back.
+    fn arrival(&mut self, now: f64) -> bool {
+        let window = if self.mean_gap > 0.0 { Self::WINDOW_S.min(0.05 * self.mean_gap) } else { Self::WINDOW_S };
+        let retry = self.last_refusal.take().map(|t| now - t <= window);
+        if let Some(r) = retry {
+            self.score += Self::WEIGHT * (f64::from(u8::from(r)) - self.score);
+        }
+        if retry != Some(true) {
+            if let Some(prev) = self.last_arrival {
+                let gap = (now - prev).max(0.0);
+                self.mean_gap = if self.mean_gap > 0.0 { self.mean_gap + Self::WEIGHT * (gap - self.mean_gap) } else { gap };
+            }
+            self.last_arrival = Some(now);
+        }
+        self.score > 0.5
+    }
+
+    fn refused(&mut self, now: f64) {
+        self.last_refusal = Some(now);
+    }
 }
 
 impl Smooth {
@@ -314,6 +365,7 @@ impl Policy for Smooth {
         if !self.cfg.admission {
             return Ok(());
         }
+        let closed_loop = self.retries.arrival(ctx.now);
         let c = ctx.cost.coeffs();
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
@@ -355,7 +407,8 @@ impl Policy for Smooth {
         let benefit = |idle: f64| n - slo.alpha * slo.penalty.apply(idle);
         let max_loss = self.cfg.admit_max_loss * n;
         let queue_loss = benefit(idle_alone) - benefit(idle);
-        if benefit(idle) < 0.0 || (bound && queue_loss > max_loss) {
+        if benefit(idle) < 0.0 || (bound && !closed_loop && queue_loss > max_loss) {
+            self.retries.refused(ctx.now);
             let base = slo.alpha * slo.penalty.apply(idle_alone);
             let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
             // (An hour at most: a prediction that far out is no promise.)
@@ -503,4 +556,44 @@ impl Policy for Smooth {
 
 fn find<'a>(ctx: &'a PolicyContext<'_>, id: u64) -> &'a SeqView {
     ctx.running.iter().chain(ctx.waiting).find(|v| v.id == id).expect("granted request is in view")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Retries;
+
+    /// Refused clients that come straight back are told apart from independent arrivals that
+    /// happen to follow a refusal.
+    #[test]
+    fn retries_are_told_from_independent_arrivals() {
+        // Independent arrivals every 100 ms, every other one refused: the next arrival comes
+        // 100 ms after each refusal, far outside 5% of the gap.
+        let mut open = Retries::default();
+        for i in 0..200 {
+            let t = f64::from(i) * 0.1;
+            assert!(!open.arrival(t), "arrival {i}");
+            if i % 2 == 0 {
+                open.refused(t);
+            }
+        }
+        // A closed loop: each refused client sends again at once (the same instant).
+        let mut closed = Retries::default();
+        let mut t = 0.0;
+        let mut seen = vec![];
+        for i in 0..40 {
+            t += if i % 4 == 0 { 0.5 } else { 0.0 };
+            seen.push(closed.arrival(t));
+            closed.refused(t);
+        }
+        assert!(!seen[0] && seen[39], "{seen:?}");
+        // Once refusals stop being retried, the door goes back to holding the queue short.
+        for i in 0..40 {
+            t += 0.5;
+            closed.arrival(t);
+            if i % 2 == 0 {
+                closed.refused(t);
+            }
+        }
+        assert!(!closed.arrival(t + 0.5));
+    }
 }
