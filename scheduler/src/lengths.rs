@@ -79,7 +79,7 @@ struct Curve {
 }
 
 impl Curve {
-    fn fit(samples: &mut Vec<(u32, bool)>, prior_hazard: f64) -> Self {
+    fn fit(samples: &mut [(u32, bool)], prior_hazard: f64) -> Self {
         // Events before censorings at the same length (a censored `n` means `N > n`).
         samples.sort_unstable_by_key(|&(n, censored)| (n, censored));
         let mut c = Curve { last: samples.last().map_or(0, |s| s.0), ..Default::default() };
