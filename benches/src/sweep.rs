@@ -365,7 +365,7 @@ pub fn headline(label: &str, points: &[PointSummary]) -> Headline {
 /// below a smooth goodput some target reached (which a single run's counted tokens can put a
 /// few percent above what it delivered in the window): a target did it, so the best any
 /// scheduler could do is at least that; a ceiling below a measured goodput is no ceiling.
-pub fn theta(series: &[(String, Vec<PointSummary>)], _axis: Axis) -> f64 {
+pub fn theta(series: &[(String, Vec<PointSummary>)]) -> f64 {
     series.iter().flat_map(|(_, p)| p.iter()).map(|p| p.delivered_tps.max(p.smooth_goodput)).fold(0.0, f64::max)
 }
 
@@ -458,7 +458,7 @@ pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &mut [(St
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let params = &spec.info.params;
     let has_slo = spec.info.has_slo;
-    let theta = theta(series, spec.axis);
+    let theta = theta(series);
     set_ceilings(series, theta, params);
     let heads: Vec<Headline> = series.iter().map(|(l, p)| headline(l, p)).collect();
     let json = serde_json::json!({

@@ -127,12 +127,15 @@ pub struct StepCostModel {
     /// `measured / predicted` of the last [`WINDOW`] steps, predicted before the step was seen.
     ratios: Vec<f64>,
     ratio_pos: usize,
+    /// The same ratios, sorted (kept in step with the ring, so a quantile is a lookup: the
+    /// scheduler asks for one every step and at every admission).
+    sorted_ratios: Vec<f64>,
 }
 
 impl StepCostModel {
     /// A model that predicts with `prior` until measurements arrive.
     pub fn new(prior: CostCoeffs) -> Self {
-        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0 }
+        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0, sorted_ratios: Vec::new() }
     }
 
     /// A model seeded by a profile run: the prior is refit on `samples` at once.
@@ -162,9 +165,8 @@ impl StepCostModel {
         if self.ratios.is_empty() {
             return 1.0;
         }
-        let mut v = self.ratios.clone();
-        let k = ((p.clamp(0.0, 1.0) * (v.len() - 1) as f64).round() as usize).min(v.len() - 1);
-        *v.select_nth_unstable_by(k, f64::total_cmp).1
+        let v = &self.sorted_ratios;
+        v[((p.clamp(0.0, 1.0) * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)]
     }
 
     /// Record a measured step; refits every [`REFIT_EVERY`] observations.
@@ -178,9 +180,13 @@ impl StepCostModel {
             if self.ratios.len() < WINDOW {
                 self.ratios.push(r);
             } else {
-                self.ratios[self.ratio_pos] = r;
+                let old = std::mem::replace(&mut self.ratios[self.ratio_pos], r);
+                let at = self.sorted_ratios.partition_point(|x| x.total_cmp(&old).is_lt());
+                self.sorted_ratios.remove(at);
                 self.ratio_pos = (self.ratio_pos + 1) % WINDOW;
             }
+            let at = self.sorted_ratios.partition_point(|x| x.total_cmp(&r).is_lt());
+            self.sorted_ratios.insert(at, r);
         }
         self.push(shape, measured_secs);
         self.since_refit += 1;

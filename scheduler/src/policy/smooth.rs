@@ -318,7 +318,8 @@ impl Smooth {
         self.finishes.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
         let mut t = now;
         // Starts `v` (expected to produce `rem` more tokens) at the first finish that makes room.
-        let mut start = |v: &SeqView, rem: f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64)>| -> f64 {
+        // Returns its start time and its share of the machine.
+        let mut start = |v: &SeqView, rem: f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64)>| -> (f64, f64) {
             let share = Feed::share(c, v, rem, kappa);
             let q = v.class.reading_rate;
             while feed.count > 0 && (feed.with(q, share).utilisation(c.base_s) > cap || feed.count >= ctx.max_num_seqs) {
@@ -331,16 +332,16 @@ impl Smooth {
                 }
             }
             *feed = feed.with(q, share);
-            t
+            (t, share)
         };
         for v in ctx.waiting {
             let rem = ctx.expected_remaining(v);
-            let at = start(v, rem, &mut feed, &mut self.finishes);
+            let (at, share) = start(v, rem, &mut feed, &mut self.finishes);
             let end = at + rem / v.class.reading_rate;
             let pos = self.finishes.partition_point(|f| f.0 > end);
-            self.finishes.insert(pos, (end, Feed::share(c, v, rem, kappa)));
+            self.finishes.insert(pos, (end, share));
         }
-        start(req, req_rem, &mut feed, &mut self.finishes)
+        start(req, req_rem, &mut feed, &mut self.finishes).0
     }
 
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
