@@ -14,12 +14,15 @@
 //! - [`cost`]: [`StepCostModel`], a step's duration from its [`StepShape`], refit online.
 //! - [`lengths`]: [`LengthModel`], output lengths learned from finished requests (censored
 //!   Kaplan-Meier per `max_tokens` bucket), so no policy takes `max_tokens` for the length.
+//! - [`patience`]: [`PatienceModel`], how long clients wait before they leave (censored
+//!   Kaplan-Meier over the idle latencies at which they left or were served).
 //! - [`slo`]: metrics.md, once: TTFT/ITL/TPOT/E2E, binary SLOs, idle latency, benefit, windows.
 //! - [`sim`]: the discrete-event simulator behind `pace sim`.
 
 pub mod block_pool;
 pub mod cost;
 pub mod lengths;
+pub mod patience;
 pub mod plan;
 pub mod policy;
 pub mod request;
@@ -29,6 +32,7 @@ pub mod slo;
 
 pub use cost::{CostCoeffs, StepCostModel, StepShape};
 pub use lengths::{LengthModel, LengthPrior};
+pub use patience::PatienceModel;
 pub use plan::{BatchPlan, RequestId, SampledToken, SeqSlice, StepOutput};
 pub use policy::{Policy, ABLATION_NAMES, ALL_POLICY_NAMES, POLICY_NAMES};
 pub use request::{Event, FinishReason, NewRequest, RejectReason, Rejection};

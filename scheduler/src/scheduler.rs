@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::block_pool::BlockPool;
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
 use crate::lengths::{LengthModel, LengthPrior};
+use crate::patience::PatienceModel;
 use crate::plan::{BatchPlan, RequestId, SeqSlice, StepOutput};
 use crate::policy::{self, Decisions, Policy, PolicyContext, SeqView};
 use crate::request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
@@ -256,6 +257,11 @@ pub struct Scheduler {
     pool: BlockPool,
     cost: StepCostModel,
     lengths: LengthModel,
+    patience: PatienceModel,
+    /// Engine time of the latest end of a request (finished for any reason, or refused).
+    last_end: f64,
+    /// Requests ended so far (finished for any reason, or refused).
+    ends: u64,
     /// Longest sequence the pool and `max_model_len` both allow.
     max_len: usize,
     slots: Vec<Option<Req>>,
@@ -297,6 +303,9 @@ impl Scheduler {
         Self {
             cost: StepCostModel::new(cfg.cost_prior),
             lengths: LengthModel::new(cfg.lengths),
+            patience: PatienceModel::default(),
+            last_end: f64::NEG_INFINITY,
+            ends: 0,
             policy,
             pool,
             max_len,
@@ -347,6 +356,11 @@ impl Scheduler {
         &self.lengths
     }
 
+    /// The client-patience model.
+    pub fn patience_model(&self) -> &PatienceModel {
+        &self.patience
+    }
+
     /// `expected / actual` output length of every request that stopped by itself since the last
     /// call (expected: the length model's prediction when it was admitted).
     pub fn drain_length_errors(&mut self) -> std::vec::Drain<'_, f64> {
@@ -374,6 +388,8 @@ impl Scheduler {
         let result = self.check(&req, now);
         if let Err(rej) = result {
             self.rejected.bump(rej.reason);
+            self.last_end = self.last_end.max(now);
+            self.ends += 1;
             return Err(rej);
         }
         let max_output = req.max_tokens.min(self.max_len - req.prompt.len());
@@ -489,6 +505,9 @@ impl Scheduler {
             max_batch_tokens: self.cfg.max_batch_tokens,
             cost: &self.cost,
             lengths: &self.lengths,
+            patience: &self.patience,
+            last_end: self.last_end,
+            ends: self.ends,
             slo: &self.cfg.slo,
         };
         (&mut self.policy, ctx)
@@ -510,6 +529,7 @@ impl Scheduler {
         let step = self.step;
         self.refresh_views();
         self.lengths.refresh();
+        self.patience.refresh();
         let mut d = std::mem::take(&mut self.decisions);
         d.clear();
         {
@@ -701,6 +721,8 @@ impl Scheduler {
             }
         }
         self.finished.bump(reason);
+        self.last_end = self.last_end.max(now);
+        self.ends += 1;
         // What the request says about output lengths: a stop is an observed length; a cut
         // (length limit, client gone, drop) only bounds it from below.
         match reason {
@@ -713,6 +735,14 @@ impl Scheduler {
             FinishReason::Length | FinishReason::Abort | FinishReason::Dropped => {
                 self.lengths.observe(r.max_output, r.num_output(), true);
             }
+            FinishReason::Error | FinishReason::Rejected => {}
+        }
+        // What it says about patience: a client that went away left at its idle latency then;
+        // any other end only bounds its patience from below.
+        match reason {
+            FinishReason::Abort => self.patience.left(r.idle_at(now)),
+            FinishReason::Stop | FinishReason::Length => self.patience.stayed(r.max_lateness),
+            FinishReason::Dropped => self.patience.stayed(r.idle_at(now)),
             FinishReason::Error | FinishReason::Rejected => {}
         }
         self.released.push(id);

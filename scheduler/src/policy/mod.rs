@@ -18,6 +18,7 @@ pub use smooth::{Smooth, SmoothConfig};
 
 use crate::cost::StepCostModel;
 use crate::lengths::LengthModel;
+use crate::patience::PatienceModel;
 use crate::plan::RequestId;
 use crate::request::RejectReason;
 use crate::slo::{SloClass, SloParams};
@@ -93,6 +94,14 @@ pub struct PolicyContext<'a> {
     pub cost: &'a StepCostModel,
     /// Output lengths learned from finished requests.
     pub lengths: &'a LengthModel,
+    /// Client patience learned from the clients that left.
+    pub patience: &'a PatienceModel,
+    /// Engine time of the latest end of a request: finished for any reason, or refused at the
+    /// door (`-inf` before the first). A closed loop of clients sends its next request right
+    /// after one ends.
+    pub last_end: f64,
+    /// Requests ended so far (the count behind [`Self::last_end`]).
+    pub ends: u64,
     /// Metric parameters.
     pub slo: &'a SloParams,
 }

@@ -44,9 +44,11 @@
 //! replacement will need, per output token (prefill seconds over expected output tokens of the
 //! requests in the system; lengths from [`crate::lengths`]). Each step also
 //! pays the base cost, and the fastest reader needs a step every `1 / q_max` seconds, so a
-//! running set uses `U = q_max * base + sum_i q_i * cost_i`. A waiting request starts only while
-//! `U` with it stays under the feed cap, `1 / r75` with `r75` the 75th percentile of measured
-//! over predicted step times (a cost model that runs slow shrinks the batch with it). Admitting
+//! running set uses `U = q_max * base + sum_i q_i * cost_i`, each running stream priced at its
+//! context now and a starting one at its mean context over its expected answer. A waiting request
+//! starts only while `U` with it stays under the feed cap, `1 / r90` with `r90` the 90th
+//! percentile of measured over predicted step times (a cost model that runs slow shrinks the
+//! batch with it). Admitting
 //! past that point adds no throughput the readers can use: it slows every stream below its
 //! reader (the first generation's TPOT p50 sat at twice the reading interval under overload).
 //! The others wait, in deadline order.
@@ -56,7 +58,9 @@
 //! At the door the policy predicts the new request's first-token time: the prefill tokens ahead
 //! of it at full steps, and the time until the feed limit lets it start (running streams free
 //! their share when they are predicted to finish, at their readers' pace, for their expected
-//! remaining output; the requests queued ahead start first). That gives its predicted idle
+//! remaining output; the requests queued ahead start first, each counted with the probability
+//! that its client is still there when its turn comes, from the patience the server has seen
+//! clients show, [`crate::patience`]). That gives its predicted idle
 //! latency `l` and its predicted benefit `n - alpha * f(l)`, with `n` its *expected* output
 //! (learned, not `max_tokens`). A request whose predicted benefit is negative is rejected. When
 //! the feed limit binds (it cannot start before running streams finish), so is one whose loss
@@ -65,11 +69,15 @@
 //! overload every admitted request displaces a later one, so the queue is held where waiting
 //! costs little. A backlog of prompts with room to run them (a burst) is not overload and is only
 //! refused when waiting it out is worth nothing. A rejection carries a Retry-After of the
-//! predicted excess wait. Below saturation nobody is rejected, and neither is a closed loop of
-//! clients that the feed limit can hold. A closed loop it cannot hold is not refused by the
-//! margin either: when refused clients come straight back (most first arrivals after a refusal
-//! land within moments of it), refusing frees nothing and only turns requests into zeros, so
-//! then only requests whose wait is worth nothing are refused. It never drops a started stream.
+//! predicted excess wait. Below saturation nobody is rejected.
+//!
+//! A closed loop of clients (each sends its next request as soon as its last one ends or is
+//! refused; [`Loop`] sees that most ends are answered by an arrival within moments) is never
+//! refused: a refused client comes straight back, so refusing frees nothing and only turns
+//! requests into zeros (refusing the requests predicted to be worth less than nothing set off
+//! storms of instant retries, each a zero), and the queue cannot outgrow the population. The feed
+//! limit still holds the batch to what the readers can use; the others wait, and those who run
+//! out of patience leave without having cost any work. It never drops a started stream.
 
 use std::cmp::Ordering;
 
@@ -115,7 +123,7 @@ impl Default for SmoothConfig {
             min_chunk_fraction: 0.25,
             admission: true,
             feed_limit: true,
-            feed_quantile: 0.75,
+            feed_quantile: 0.9,
         }
     }
 }
@@ -128,55 +136,55 @@ pub struct Smooth {
     ready: Vec<(f64, usize)>,
     /// Prefill candidates: (priority key, is running, index).
     cands: Vec<(f64, bool, usize)>,
-    /// Admission scratch: (finish time, utilisation share) of running and started streams.
-    finishes: Vec<(f64, f64)>,
-    /// Whether refused clients come straight back (see [`Retries`]).
-    retries: Retries,
+    /// Admission scratch: (finish time, utilisation share, streams) of running and started streams.
+    finishes: Vec<(f64, f64, f64)>,
+    /// Whether the clients are a closed loop (see [`Loop`]).
+    population: Loop,
 }
 
-/// Do refused clients go away? Refusing a request under overload helps only if the demand
-/// goes away with it: then the queue it would have joined stays short for the requests that
-/// come later. A closed population of clients (each sends its next request as soon as the last
-/// one ends or is refused) just sends again, so a refusal scores 0 and frees nothing, and
-/// refusing by the queue's length would refuse every request of such a loop in turn. This
-/// watches the first arrival after each refusal: one that comes within `min(20 ms, 0.05 * gap)`
-/// of it (`gap` the mean gap between arrivals that were not such retries) is a client that did
-/// not go away (independent arrivals land that close with a probability of about 5%). While most refusals are followed
-/// by one (an average over the last eight or so), the door refuses only requests whose wait is
-/// worth nothing, not those it would merely keep the queue short by refusing.
-#[derive(Debug, Clone, Copy, Default)]
-struct Retries {
-    last_refusal: Option<f64>,
-    last_arrival: Option<f64>,
-    /// Mean gap between arrivals that were not retries, seconds (0 until seen).
-    mean_gap: f64,
-    /// Moving average of "the refused client came straight back".
+/// Is the client population closed? Refusing a request under overload helps only if the demand
+/// goes away with it: then the queue it would have joined stays short for the requests that come
+/// later. A closed population of clients (each sends its next request as soon as the last one
+/// ends or is refused) just sends again: a refusal scores 0 and frees nothing, and queueing does
+/// not lengthen the queue either (a client waits in it instead of elsewhere). This watches the
+/// first arrival after each end of a request (finished, left, or refused): one that comes within
+/// `min(20 ms, 0.05 / rate)` of it (`rate` the arrival rate over the last 32 arrivals) is a client
+/// that answered the end (independent arrivals land that close with a probability under 5%).
+/// While most ends are answered so (an average over the last eight or so), the population is
+/// taken to be closed. Arrival times are the requests' own (stamped when they reached the server),
+/// so a server busy with a step when the retry comes still sees how soon it came.
+#[derive(Debug, Clone, Default)]
+struct Loop {
+    /// Ends already matched with an arrival (a count: several can end at one instant).
+    matched: u64,
+    /// The latest arrivals, oldest first.
+    recent: std::collections::VecDeque<f64>,
+    /// Moving average of "the end was answered at once".
     score: f64,
 }
 
-impl Retries {
+impl Loop {
     const WINDOW_S: f64 = 0.02;
     const WEIGHT: f64 = 0.125;
+    const RATE_SAMPLES: usize = 32;
 
-    /// An arrival at `now`; returns whether refused clients are coming straight back.
-    fn arrival(&mut self, now: f64) -> bool {
-        let window = if self.mean_gap > 0.0 { Self::WINDOW_S.min(0.05 * self.mean_gap) } else { Self::WINDOW_S };
-        let retry = self.last_refusal.take().map(|t| now - t <= window);
-        if let Some(r) = retry {
-            self.score += Self::WEIGHT * (f64::from(u8::from(r)) - self.score);
+    /// A request that arrived at `at`, the latest end having been at `last_end`; returns whether
+    /// the population looks closed.
+    fn arrival(&mut self, at: f64, last_end: f64, ends: u64) -> bool {
+        if self.recent.len() >= Self::RATE_SAMPLES {
+            self.recent.pop_front();
         }
-        if retry != Some(true) {
-            if let Some(prev) = self.last_arrival {
-                let gap = (now - prev).max(0.0);
-                self.mean_gap = if self.mean_gap > 0.0 { self.mean_gap + Self::WEIGHT * (gap - self.mean_gap) } else { gap };
-            }
-            self.last_arrival = Some(now);
+        self.recent.push_back(at);
+        let span = self.recent.back().copied().unwrap_or(at) - self.recent.front().copied().unwrap_or(at);
+        let window = if span > 0.0 { Self::WINDOW_S.min(0.05 * span / (self.recent.len() - 1) as f64) } else { Self::WINDOW_S };
+        // The first arrival after an end (not before it: a request that was on its way when
+        // something ended did not answer that end).
+        if ends > self.matched && last_end <= at {
+            self.matched = ends;
+            let answered = at - last_end <= window;
+            self.score += Self::WEIGHT * (f64::from(u8::from(answered)) - self.score);
         }
         self.score > 0.5
-    }
-
-    fn refused(&mut self, now: f64) {
-        self.last_refusal = Some(now);
     }
 }
 
@@ -224,12 +232,11 @@ fn idle_for_loss(penalty: Penalty, alpha: f64, loss: f64) -> f64 {
     }
 }
 
-/// Machine seconds per output token of `v` while it runs at its reader's pace, when it is
-/// expected to produce `rem` more tokens: its decode slot, its KV reads at its mean context over
-/// the rest of its answer, and `kappa`, the prefill the streams' replacements will need per
-/// output token ([`prefill_per_token`]).
-fn token_cost(c: &CostCoeffs, v: &SeqView, rem: f64, kappa: f64) -> f64 {
-    c.per_decode_seq_s + c.per_kv_token_s * (v.num_tokens as f64 + rem / 2.0) + kappa
+/// Machine seconds per output token of a stream at `context` tokens while it runs at its reader's
+/// pace: its decode slot, its KV reads, and `kappa`, the prefill the streams' replacements will
+/// need per output token ([`prefill_per_token`]).
+fn token_cost(c: &CostCoeffs, context: f64, kappa: f64) -> f64 {
+    c.per_decode_seq_s + c.per_kv_token_s * context + kappa
 }
 
 /// Prefill seconds per expected output token over the requests in the system (and `extra`):
@@ -258,12 +265,25 @@ fn prefill_per_token(c: &CostCoeffs, ctx: &PolicyContext<'_>, extra: Option<(&Se
 struct Feed {
     q_max: f64,
     load: f64,
-    count: usize,
+    /// Streams (a predicted stream whose client may leave first counts as the probability that
+    /// it is still there).
+    count: f64,
 }
 
 impl Feed {
+    /// The share of a stream about to start, expected to produce `rem` tokens: at its mean
+    /// context over its answer.
     fn share(c: &CostCoeffs, v: &SeqView, rem: f64, kappa: f64) -> f64 {
-        v.class.reading_rate * token_cost(c, v, rem, kappa)
+        v.class.reading_rate * token_cost(c, v.num_tokens as f64 + rem / 2.0, kappa)
+    }
+
+    /// The share of a running stream: at its context now. A running set is mostly the long
+    /// answers (a short one is soon replaced), so pricing each stream at its mean context over
+    /// what it has left prices the set at contexts it will not reach together: in a steady state
+    /// the streams that finish are replaced by new ones at their prompts, and the machine's load
+    /// is the streams' contexts as they are.
+    fn running_share(c: &CostCoeffs, v: &SeqView, kappa: f64) -> f64 {
+        v.class.reading_rate * token_cost(c, v.num_tokens as f64, kappa)
     }
 
     fn utilisation(&self, base: f64) -> f64 {
@@ -271,7 +291,15 @@ impl Feed {
     }
 
     fn with(&self, q: f64, share: f64) -> Feed {
-        Feed { q_max: self.q_max.max(q), load: self.load + share, count: self.count + 1 }
+        self.with_weight(q, share, 1.0)
+    }
+
+    fn with_weight(&self, q: f64, share: f64, p: f64) -> Feed {
+        Feed { q_max: self.q_max.max(q), load: self.load + p * share, count: self.count + p }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count < 1e-9
     }
 }
 
@@ -289,13 +317,16 @@ impl Smooth {
     /// The running streams' feed.
     fn running_feed(ctx: &PolicyContext<'_>, kappa: f64) -> Feed {
         let c = ctx.cost.coeffs();
-        ctx.running.iter().fold(Feed::default(), |f, v| f.with(v.class.reading_rate, Feed::share(&c, v, ctx.expected_remaining(v), kappa)))
+        ctx.running.iter().fold(Feed::default(), |f, v| f.with(v.class.reading_rate, Feed::running_share(&c, v, kappa)))
     }
 
     /// When `req`, queued behind every waiting request, is predicted to start under the feed
     /// limit (and `max_num_seqs`): streams free their share of the machine when they are
     /// predicted to finish, at their readers' pace; each waiting request starts, in queue order,
-    /// as soon as its share fits. Engine time; `now` when it fits at once.
+    /// as soon as its share fits. A waiting request counts with the probability that its client
+    /// is still there when its turn comes (learned patience, [`crate::patience`]): a long queue
+    /// of clients who give up after seconds is mostly gone before it starts. Engine time; `now`
+    /// when it fits at once.
     fn predicted_start(&mut self, req: &SeqView, ctx: &PolicyContext<'_>, c: &CostCoeffs) -> f64 {
         let cap = self.feed_cap(ctx);
         let now = ctx.now;
@@ -310,38 +341,45 @@ impl Smooth {
         let mut feed = Feed::default();
         for v in ctx.running {
             let rem = ctx.expected_remaining(v);
-            let share = Feed::share(c, v, rem, kappa);
+            let share = Feed::running_share(c, v, kappa);
             feed = feed.with(v.class.reading_rate, share);
-            self.finishes.push((now + rem / v.class.reading_rate, share));
+            self.finishes.push((now + rem / v.class.reading_rate, share, 1.0));
         }
         // Soonest finish last, so the next to finish pops off the end.
         self.finishes.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
         let mut t = now;
-        // Starts `v` (expected to produce `rem` more tokens) at the first finish that makes room.
-        // Returns its start time and its share of the machine.
-        let mut start = |v: &SeqView, rem: f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64)>| -> (f64, f64) {
-            let share = Feed::share(c, v, rem, kappa);
+        // Starts `v` (expected to produce `rem` more tokens, there with probability `p`) at the
+        // first finish that makes room for it. Returns its start time.
+        let max_seqs = ctx.max_num_seqs as f64;
+        let start = |v: &SeqView, share: f64, p: f64, t: &mut f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64, f64)>| -> f64 {
             let q = v.class.reading_rate;
-            while feed.count > 0 && (feed.with(q, share).utilisation(c.base_s) > cap || feed.count >= ctx.max_num_seqs) {
-                let Some((at, freed)) = finishes.pop() else { break };
-                t = t.max(at);
+            while !feed.is_empty() && (feed.with_weight(q, share, p).utilisation(c.base_s) > cap || feed.count + p > max_seqs + 1e-9) {
+                let Some((at, freed, n)) = finishes.pop() else { break };
+                *t = t.max(at);
                 feed.load -= freed;
-                feed.count -= 1;
-                if feed.count == 0 {
+                feed.count -= n;
+                if feed.is_empty() {
                     *feed = Feed::default();
                 }
             }
-            *feed = feed.with(q, share);
-            (t, share)
+            *t
         };
+        let idle = |v: &SeqView, at: f64| v.max_lateness.max(at - v.next_deadline()).max(0.0);
         for v in ctx.waiting {
             let rem = ctx.expected_remaining(v);
-            let (at, share) = start(v, rem, &mut feed, &mut self.finishes);
+            let share = Feed::share(c, v, rem, kappa);
+            let idle_now = idle(v, now);
+            // Room is made for it as it would be there if it started as soon as it could; then
+            // it counts as what is left of it at the predicted start.
+            let p0 = ctx.patience.stays(idle_now, idle(v, t));
+            let at = start(v, share, p0, &mut t, &mut feed, &mut self.finishes);
+            let p = ctx.patience.stays(idle_now, idle(v, at));
+            feed = feed.with_weight(v.class.reading_rate, share, p);
             let end = at + rem / v.class.reading_rate;
             let pos = self.finishes.partition_point(|f| f.0 > end);
-            self.finishes.insert(pos, (end, share));
+            self.finishes.insert(pos, (end, p * share, p));
         }
-        start(req, req_rem, &mut feed, &mut self.finishes).0
+        start(req, Feed::share(c, req, req_rem, kappa), 1.0, &mut t, &mut feed, &mut self.finishes)
     }
 
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
@@ -366,7 +404,7 @@ impl Policy for Smooth {
         if !self.cfg.admission {
             return Ok(());
         }
-        let closed_loop = self.retries.arrival(ctx.now);
+        let closed_loop = self.population.arrival(req.arrival, ctx.last_end, ctx.ends);
         let c = ctx.cost.coeffs();
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
@@ -408,8 +446,7 @@ impl Policy for Smooth {
         let benefit = |idle: f64| n - slo.alpha * slo.penalty.apply(idle);
         let max_loss = self.cfg.admit_max_loss * n;
         let queue_loss = benefit(idle_alone) - benefit(idle);
-        if benefit(idle) < 0.0 || (bound && !closed_loop && queue_loss > max_loss) {
-            self.retries.refused(ctx.now);
+        if !closed_loop && (benefit(idle) < 0.0 || (bound && queue_loss > max_loss)) {
             let base = slo.alpha * slo.penalty.apply(idle_alone);
             let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
             // (An hour at most: a prediction that far out is no promise.)
@@ -507,7 +544,7 @@ impl Policy for Smooth {
                 if !running {
                     let share = Feed::share(&c, v, ctx.expected_remaining(v), kappa);
                     let with = feed.with(v.class.reading_rate, share);
-                    if feed_full || slots == 0 || (feed.count > 0 && with.utilisation(c.base_s) > feed_cap) {
+                    if feed_full || slots == 0 || (!feed.is_empty() && with.utilisation(c.base_s) > feed_cap) {
                         feed_full = true;
                         next_cand += 1;
                         continue;
@@ -561,40 +598,42 @@ fn find<'a>(ctx: &'a PolicyContext<'_>, id: u64) -> &'a SeqView {
 
 #[cfg(test)]
 mod tests {
-    use super::Retries;
+    use super::Loop;
 
-    /// Refused clients that come straight back are told apart from independent arrivals that
-    /// happen to follow a refusal.
+    /// Clients that answer an end at once are told apart from independent arrivals that happen
+    /// to follow one.
     #[test]
-    fn retries_are_told_from_independent_arrivals() {
-        // Independent arrivals every 100 ms, every other one refused: the next arrival comes
-        // 100 ms after each refusal, far outside 5% of the gap.
-        let mut open = Retries::default();
-        for i in 0..200 {
+    fn a_closed_loop_is_told_from_independent_arrivals() {
+        // Independent arrivals every 100 ms, something ending 30 ms before each: far outside
+        // 5% of the gap.
+        let mut open = Loop::default();
+        for i in 0..200_u32 {
             let t = f64::from(i) * 0.1;
-            assert!(!open.arrival(t), "arrival {i}");
-            if i % 2 == 0 {
-                open.refused(t);
-            }
+            assert!(!open.arrival(t, t - 0.03, u64::from(i) + 1), "arrival {i}");
         }
-        // A closed loop: each refused client sends again at once (the same instant).
-        let mut closed = Retries::default();
-        let mut t = 0.0;
+        // A closed loop: each end is answered at once (the same instant in the simulator, a few
+        // milliseconds on a server), and several clients may answer the same end (a step that
+        // finished several streams); a request on its way before the end is not an answer.
+        let mut closed = Loop::default();
         let mut seen = vec![];
-        for i in 0..40 {
-            t += if i % 4 == 0 { 0.5 } else { 0.0 };
-            seen.push(closed.arrival(t));
-            closed.refused(t);
+        for i in 0..40_u32 {
+            let end = f64::from(i) * 0.5;
+            let n = u64::from(i) * 2 + 2;
+            seen.push(closed.arrival(end - 0.2, end, n));
+            seen.push(closed.arrival(end + 0.003, end, n));
+            seen.push(closed.arrival(end + 0.004, end, n));
         }
-        assert!(!seen[0] && seen[39], "{seen:?}");
-        // Once refusals stop being retried, the door goes back to holding the queue short.
-        for i in 0..40 {
+        // A storm of refusals at one instant: each is an end, answered at once.
+        let mut storm = Loop::default();
+        let answered: Vec<bool> = (1..=20).map(|n| storm.arrival(1.0, 1.0, n)).collect();
+        assert!(answered[19], "{answered:?}");
+        assert!(!seen[0] && seen[119], "{seen:?}");
+        // Once ends are no longer answered, the population is open again.
+        let mut t = 20.0;
+        for n in 0..40 {
             t += 0.5;
-            closed.arrival(t);
-            if i % 2 == 0 {
-                closed.refused(t);
-            }
+            closed.arrival(t, t - 0.25, 100 + n);
         }
-        assert!(!closed.arrival(t + 0.5));
+        assert!(!closed.arrival(t + 0.5, t + 0.2, 200));
     }
 }
