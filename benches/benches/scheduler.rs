@@ -18,7 +18,7 @@ fn loaded(policy: &str) -> Scheduler {
     let cfg = SchedulerConfig { max_num_seqs: 256, max_queue_requests: 10_000, ..base };
     // The queued requests tolerate a long wait (a batch class), so smooth's door admits them too
     // and every policy sees the same 1,000 waiting.
-    let patient = SloClass { reading_rate: 5.0, grace: 1e6 };
+    let patient = SloClass::new(5.0, 1e6);
     let mut s = Scheduler::with_policy_name(cfg, policy).expect("policy");
     let mut now = 0.0;
     for id in 0..256u64 {

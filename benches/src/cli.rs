@@ -309,7 +309,7 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
     let tokenizer = load_tokenizer(w.tokenizer.as_deref())?;
     let tokenizer_id = w.tokenizer.as_ref().map_or("default model (SmolLM2-135M-Instruct)".to_string(), |p| p.display().to_string());
     let prompts = load_prompts(&spec, &tokenizer, w.num_prompts, seed)?;
-    let class = SloClass { reading_rate: w.reading_rate, grace: w.ttft_grace / 1e3 };
+    let class = SloClass::new(w.reading_rate, w.ttft_grace / 1e3);
     let params = SloParams { alpha: w.alpha, penalty, binary, default_class: class };
     let ignore_eos = w.ignore_eos || w.dataset_name == "random";
     let options = LoadOptions {

@@ -353,7 +353,7 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     let slo = &mut cfg.sched.slo;
     slo.alpha = args.alpha;
     slo.penalty = args.penalty.parse::<Penalty>()?;
-    slo.default_class = SloClass { reading_rate: args.reading_rate, grace: args.ttft_grace / 1000.0 };
+    slo.default_class = SloClass::new(args.reading_rate, args.ttft_grace / 1000.0);
     slo.binary = args.goodput.as_deref().unwrap_or(p.goodput).parse::<BinarySlo>()?;
     let mut workload = p.workload.clone();
     workload.arrivals = parse_arrivals(&args.arrivals)?;

@@ -70,7 +70,7 @@ const SCENARIOS: [&str; 9] = ["steady", "multi", "slow", "reject429", "reject503
 async fn metrics_match_the_script() {
     let base = common::start(common::Cfg::new(50, 20)).await;
     let client = pace_bench::client::http_client(64).unwrap();
-    let class = SloClass { reading_rate: 20.0, grace: 0.0 };
+    let class = SloClass::new(20.0, 0.0);
     let params = SloParams { binary: "ttft:300 tpot:150".parse().unwrap(), default_class: class, ..Default::default() };
     let workload = Workload::new(SCENARIOS.iter().map(|s| prompt(s, 8)).collect(), vec![0.0; SCENARIOS.len()]);
     let t0 = Instant::now();
@@ -228,7 +228,7 @@ async fn an_impatient_client_disconnects_and_the_server_sees_it() {
     let cfg = common::Cfg::new(50, 20);
     let base = common::start(cfg.clone()).await;
     let client = pace_bench::client::http_client(8).unwrap();
-    let class = SloClass { reading_rate: 20.0, grace: 0.0 };
+    let class = SloClass::new(20.0, 0.0);
     let mut workload = Workload::new(vec![prompt("stall", 2), prompt("steady", 5)], vec![0.0, 0.0]);
     workload.patience = Patience::Fixed(1.0).draw(2, 0);
     let t0 = Instant::now();

@@ -430,7 +430,7 @@ impl Scheduler {
 
     fn check(&mut self, req: &NewRequest, now: f64) -> Result<(), Rejection> {
         let refuse = |reason, retry_after_s| Err(Rejection { reason, retry_after_s });
-        let class_ok = req.class.is_none_or(|c| c.reading_rate > 0.0 && c.reading_rate.is_finite() && c.grace >= 0.0);
+        let class_ok = req.class.is_none_or(|c| c.reading_rate > 0.0 && c.reading_rate.is_finite() && c.grace >= 0.0 && c.weight > 0.0 && c.weight.is_finite());
         if req.prompt.is_empty()
             || req.max_tokens == 0
             || !req.arrival.is_finite()

@@ -23,22 +23,42 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// How a user consumes a stream: reading rate and first-token grace (metrics.md `q`, `g`).
+/// How a user consumes a stream: reading rate and first-token grace (metrics.md `q`, `g`), and
+/// how much the request counts against others (its weight `w`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SloClass {
     /// Information consumption rate `q`, tokens per second.
     pub reading_rate: f64,
     /// First-token grace `g`, seconds.
     pub grace: f64,
+    /// Weight `w` of the request's benefit, `w * (n - alpha * f(l))` (metrics.md): 1 unless
+    /// the client asked for a priority (the API's `priority` `p`, vLLM's meaning, lower first,
+    /// is `w = 2^-p`).
+    #[serde(default = "unit_weight")]
+    pub weight: f64,
+}
+
+fn unit_weight() -> f64 {
+    1.0
 }
 
 impl Default for SloClass {
     fn default() -> Self {
-        Self { reading_rate: 5.0, grace: 0.0 }
+        Self::new(5.0, 0.0)
     }
 }
 
 impl SloClass {
+    /// A class of weight 1.
+    pub fn new(reading_rate: f64, grace: f64) -> Self {
+        Self { reading_rate, grace, weight: 1.0 }
+    }
+
+    /// The weight of vLLM's `priority` `p` (lower is served first): `2^-p`.
+    pub fn priority_weight(priority: i64) -> f64 {
+        2f64.powi(-(priority.clamp(-1000, 1000) as i32))
+    }
+
     /// Deadline of output token `i` (1-based) for a request that arrived at `arrival`.
     pub fn deadline(&self, arrival: f64, i: usize) -> f64 {
         arrival + self.grace + i as f64 / self.reading_rate
@@ -264,12 +284,12 @@ impl RequestRecord {
         idle_latency(self.arrival, &self.token_times, self.class, pending_until)
     }
 
-    /// Benefit `n - alpha * f(l)`; 0 for a rejected request.
+    /// Benefit `w * (n - alpha * f(l))`; 0 for a rejected request.
     pub fn benefit(&self, params: &SloParams) -> f64 {
         if self.outcome == Outcome::Rejected {
             return 0.0;
         }
-        params.benefit(self.num_tokens(), self.idle_latency())
+        self.class.weight * params.benefit(self.num_tokens(), self.idle_latency())
     }
 
     /// Completed and within every threshold of `slo`.
@@ -806,7 +826,7 @@ mod tests {
     /// metrics.md example 1 (seed 000): token goodput 10 tok/s, smooth goodput 19 per s.
     #[test]
     fn example_1_smooth_goodput_arithmetic() {
-        let class = SloClass { reading_rate: 20.0, grace: 0.0 };
+        let class = SloClass::new(20.0, 0.0);
         let a = record(0.0, stream(class, 100, 0.0), class);
         let b = record(0.0, stream(class, 100, 0.2), class);
         let c = record(0.0, stream(class, 100, 2.0), class);
@@ -830,7 +850,7 @@ mod tests {
     /// metrics.md example 2: a reading buffer hides a stall that the same largest ITL does not.
     #[test]
     fn example_2_reading_buffer_hides_stall() {
-        let class = SloClass { reading_rate: 4.0, grace: 0.0 };
+        let class = SloClass::new(4.0, 0.0);
         // X: 10 tokens in its first second, a 1 s stall, then 10 more.
         let mut x: Vec<f64> = (1..=10).map(|i| i as f64 / 10.0).collect();
         x.extend((0..10).map(|i| 2.0 + i as f64 / 10.0));
@@ -851,7 +871,7 @@ mod tests {
     fn example_3_output_delay_never_lowers_idle_latency() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..200 {
-            let class = SloClass { reading_rate: rng.random_range(1.0..20.0), grace: rng.random_range(0.0..1.0) };
+            let class = SloClass::new(rng.random_range(1.0..20.0), rng.random_range(0.0..1.0));
             let n = rng.random_range(1..40);
             let mut t = rng.random_range(0.0..2.0);
             let times: Vec<f64> = (0..n)
@@ -911,7 +931,7 @@ mod tests {
 
     #[test]
     fn unfinished_requests_count_their_pending_wait() {
-        let class = SloClass { reading_rate: 10.0, grace: 0.0 };
+        let class = SloClass::new(10.0, 0.0);
         let mut r = record(0.0, vec![0.05, 0.1], class);
         assert_eq!(r.idle_latency(), 0.0);
         r.outcome = Outcome::Dropped;
@@ -954,7 +974,7 @@ mod tests {
     /// ceiling, computed by hand in metrics.md.
     #[test]
     fn example_6_window_abandonment_and_ceiling() {
-        let class = SloClass { reading_rate: 5.0, grace: 0.0 };
+        let class = SloClass::new(5.0, 0.0);
         let params = SloParams { default_class: class, ..Default::default() };
         let on_time = |a: f64, n: usize, late: f64| -> Vec<f64> { (1..=n).map(|i| class.deadline(a, i) + late).collect() };
         let done = |a: f64, times: Vec<f64>| RequestRecord { arrival: a, end: *times.last().unwrap(), token_times: times, outcome: Outcome::Completed, class };

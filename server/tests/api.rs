@@ -99,6 +99,8 @@ async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_s
         (completions(), json!({"prompt": [1, -2]}), 400, Some("prompt"), None),
         (chat(), json!({"messages": []}), 400, Some("messages"), None),
         (chat(), json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, Some("messages[0].role"), None),
+        (completions(), json!({"prompt": "hi", "priority": 11}), 400, Some("priority"), None),
+        (chat(), json!({"messages": user("hi"), "priority": 1.5}), 400, Some("priority"), None),
     ];
     for (url, body, want, param, code) in &cases {
         for streaming in [false, true] {
@@ -116,6 +118,11 @@ async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_s
     }
     let (st, _, v) = post(&completions(), &json!({"prompt": long_prompt})).await;
     assert!(v["error"]["message"].as_str().unwrap().starts_with("This model's maximum context length is 512 tokens"), "{st} {v}");
+    // vLLM's priority, lower first: any integer from -10 to 10.
+    for p in [-10, 0, 3, 10] {
+        let (st, _, v) = post(&chat(), &json!({"messages": user("hi"), "priority": p, "max_tokens": 2})).await;
+        assert_eq!(st, 200, "priority {p}: {v}");
+    }
     // top_p = 1.0 and temperature = 2 are valid.
     let (st, _, v) = post(&completions(), &json!({"prompt": "hi", "top_p": 1.0, "temperature": 2.0, "max_tokens": 2})).await;
     assert_eq!(st, 200, "{v}");

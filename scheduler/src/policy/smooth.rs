@@ -136,6 +136,8 @@ pub struct Smooth {
     ready: Vec<(f64, usize)>,
     /// Prefill candidates: (priority key, is running, index).
     cands: Vec<(f64, bool, usize)>,
+    /// Preemption order scratch: (loss per block freed, slack, id).
+    victims: Vec<(f64, f64, u64)>,
     /// Admission scratch: (finish time, utilisation share, streams) of running and started streams.
     finishes: Vec<(f64, f64, f64)>,
     /// Whether the clients are a closed loop (see [`Loop`]).
@@ -229,6 +231,17 @@ fn idle_for_loss(penalty: Penalty, alpha: f64, loss: f64) -> f64 {
         Penalty::Quadratic => f.sqrt(),
         Penalty::Capped(cap) if f < 1.0 => f * cap,
         Penalty::Capped(_) => f64::INFINITY,
+    }
+}
+
+/// Seconds before `v`'s idle latency grows, the slack the plan works with. Idle latency is the
+/// largest lateness of any token so far, so a stream that was once late by `L` can be late by
+/// `L` again at no cost: its slack is `d_{n+1} + L - now`. Under a capped penalty a stream
+/// already idle past the cap loses nothing more: it has all the slack there is.
+fn slack(v: &SeqView, now: f64, penalty: Penalty) -> f64 {
+    match penalty {
+        Penalty::Capped(cap) if v.max_lateness >= cap => f64::INFINITY,
+        _ => v.next_deadline() + v.max_lateness - now,
     }
 }
 
@@ -365,7 +378,8 @@ impl Smooth {
             *t
         };
         let idle = |v: &SeqView, at: f64| v.max_lateness.max(at - v.next_deadline()).max(0.0);
-        for v in ctx.waiting {
+        // Lighter requests start after it (the prefill order is by weight once late).
+        for v in ctx.waiting.iter().filter(|v| v.class.weight >= req.class.weight) {
             let rem = ctx.expected_remaining(v);
             let share = Feed::share(c, v, rem, kappa);
             let idle_now = idle(v, now);
@@ -410,7 +424,8 @@ impl Policy for Smooth {
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
         let (chunk, t_full) = Self::full_step(ctx, n_dec, kv_dec);
         let rate = chunk as f64 / t_full;
-        let ahead: usize = ctx.running.iter().chain(ctx.waiting).filter(|v| v.uncomputed() > 1).map(|v| v.uncomputed()).sum();
+        let heavier = ctx.waiting.iter().filter(|v| v.class.weight >= req.class.weight);
+        let ahead: usize = ctx.running.iter().chain(heavier).filter(|v| v.uncomputed() > 1).map(|v| v.uncomputed()).sum();
         // The request's own prefill: full chunks, then a last step holding the remainder with
         // the current decodes (alone: without them). An idle server answers a short prompt in
         // one short step, not in a full-budget one.
@@ -465,7 +480,7 @@ impl Policy for Smooth {
             match v.uncomputed() {
                 0 => {}
                 1 => {
-                    self.ready.push((v.next_deadline() - now, i));
+                    self.ready.push((slack(v, now, ctx.slo.penalty), i));
                     kv_dec += v.num_tokens;
                 }
                 _ => self.cands.push((0.0, true, i)),
@@ -476,11 +491,12 @@ impl Policy for Smooth {
         let rate = chunk as f64 / t_full;
         for cand in &mut self.cands {
             let v = if cand.1 { &ctx.running[cand.2] } else { &ctx.waiting[cand.2] };
-            let d = v.next_deadline();
+            let due = now + slack(v, now, ctx.slo.penalty);
+            // Weighted: once late, the order that loses least is by prefill time over weight.
             cand.0 = if now - v.arrival > self.cfg.starvation_s {
-                d - 1e9
+                v.next_deadline() - 1e9
             } else {
-                d.max(now + v.uncomputed() as f64 / rate)
+                due.max(now + v.uncomputed() as f64 / rate / v.class.weight)
             };
         }
         self.cands.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -586,9 +602,21 @@ impl Policy for Smooth {
         }
         prefill(usize::MAX, &mut time, &mut tokens_left, out);
 
-        // Deepest buffers are preempted first.
-        out.victims.extend(self.ready.iter().rev().map(|&(_, i)| ctx.running[i].id));
-        out.victims.extend(ctx.running.iter().filter(|v| v.uncomputed() != 1).rev().map(|v| v.id));
+        // When blocks run out: the stream that loses least per block it frees goes first. A
+        // preempted stream is recomputed later (its tokens prefilled again at full steps); it
+        // loses only the part of that time its buffer (slack) does not cover, weighed by its
+        // class and the penalty's shape at its idle latency so far. Ties (deep buffers, which
+        // lose nothing) go deepest first.
+        self.victims.clear();
+        for v in ctx.running {
+            let s = slack(v, now, ctx.slo.penalty);
+            let late = (v.num_computed as f64 / rate - s).max(0.0);
+            let f = |l: f64| ctx.slo.penalty.apply(l);
+            let loss = v.class.weight * ctx.slo.alpha * (f(v.max_lateness + late) - f(v.max_lateness));
+            self.victims.push((loss / v.blocks_held.max(1) as f64, s, v.id));
+        }
+        self.victims.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        out.victims.extend(self.victims.iter().map(|v| v.2));
     }
 }
 
@@ -598,7 +626,116 @@ fn find<'a>(ctx: &'a PolicyContext<'_>, id: u64) -> &'a SeqView {
 
 #[cfg(test)]
 mod tests {
+    use super::{Loop, Smooth, SmoothConfig};
+    use crate::cost::{CostCoeffs, StepCostModel};
+    use crate::lengths::LengthModel;
+    use crate::patience::PatienceModel;
+    use crate::policy::{Decisions, Policy, PolicyContext, SeqView};
+    use crate::slo::{Penalty, SloClass, SloParams};
+
+    /// The CPU preset's step costs, roughly.
+    fn cost() -> StepCostModel {
+        StepCostModel::new(CostCoeffs { base_s: 0.007, per_prefill_token_s: 0.0017, per_decode_seq_s: 0.0018, per_kv_token_s: 5e-6, per_attn_pair_s: 1e-6 })
+    }
+
+    /// A request that arrived at `arrival` with `prompt` tokens, `output` of them generated (and
+    /// computed, so it is ready to decode when `output > 0`).
+    fn seq(id: u64, arrival: f64, prompt: usize, output: usize, weight: f64) -> SeqView {
+        let computed = if output > 0 { prompt + output - 1 } else { 0 };
+        SeqView {
+            id,
+            arrival,
+            class: SloClass { weight, ..SloClass::default() },
+            prompt_len: prompt,
+            num_tokens: prompt + output,
+            num_computed: computed,
+            num_output: output,
+            max_output: 1000,
+            blocks_held: (prompt + output).div_ceil(16),
+            first_token_time: None,
+            last_token_time: None,
+            max_lateness: 0.0,
+            num_preemptions: 0,
+        }
+    }
+
+    fn plan(running: &[SeqView], waiting: &[SeqView], now: f64, penalty: Penalty) -> Decisions {
+        let (cost, lengths, patience) = (cost(), LengthModel::default(), PatienceModel::default());
+        let slo = SloParams { penalty, ..SloParams::default() };
+        let ctx = PolicyContext {
+            now,
+            running,
+            waiting,
+            free_blocks: 1000,
+            total_blocks: 1000,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_batch_tokens: 512,
+            cost: &cost,
+            lengths: &lengths,
+            patience: &patience,
+            last_end: f64::NEG_INFINITY,
+            ends: 0,
+            slo: &slo,
+        };
+        let mut d = Decisions::default();
+        Smooth::new(SmoothConfig::default()).plan(&ctx, &mut d);
+        d
+    }
+
+    /// Once two prompts are both late, the heavier (a higher priority) is prefilled first even
+    /// though it came later: the order that loses least is by prefill time over weight.
+    #[test]
+    fn a_heavier_request_goes_first_once_both_are_late() {
+        let waiting = [seq(1, 0.0, 200, 0, 1.0), seq(2, 0.1, 200, 0, 4.0)];
+        let d = plan(&[], &waiting, 1.0, Penalty::Linear);
+        assert_eq!(d.grants.first().map(|g| g.id), Some(2), "{d:?}");
+        // Weight is traded against length: four times the weight does not buy eight times the
+        // prefill ahead of a short prompt.
+        let waiting = [seq(1, 0.0, 100, 0, 1.0), seq(2, 0.1, 800, 0, 4.0)];
+        assert_eq!(plan(&[], &waiting, 1.0, Penalty::Linear).grants.first().map(|g| g.id), Some(1));
+    }
+
+    /// A stream already late by `L` can be late by `L` again at no cost, and one past a capped
+    /// penalty's cap loses nothing more: neither is due before a stream about to run dry, and the
+    /// one past the cap is the first to give up its blocks.
+    #[test]
+    fn idle_latency_already_paid_is_slack() {
+        let now = 10.0;
+        // 45 tokens since 0: next deadline 9.2 s, 0.8 s ago; but it was once 2 s late.
+        let mut late = seq(1, 0.0, 50, 45, 1.0);
+        late.max_lateness = 2.0;
+        // Next deadline 10.04 s: due in 40 ms.
+        let fresh = seq(2, 0.04, 50, 49, 1.0);
+        let d = plan(&[late, fresh], &[], now, Penalty::Linear);
+        assert_eq!(d.grants.first().map(|g| g.id), Some(2), "{d:?}");
+        // Under a 1 s cap the late stream has nothing more to lose.
+        let d = plan(&[late, fresh], &[], now, Penalty::Capped(1.0));
+        assert_eq!(d.grants.first().map(|g| g.id), Some(2), "{d:?}");
+        assert_eq!(d.victims.first(), Some(&1), "{d:?}");
+    }
+
+    /// Out of blocks, the stream that loses least per block freed is preempted first: a deep
+    /// buffer whose recompute fits in its slack loses nothing; of two streams that would both
+    /// run dry, the lighter one goes before the heavier.
+    #[test]
+    fn preemption_takes_the_least_loss_per_block() {
+        let now = 10.0;
+        // 30 tokens ahead of its reader (deadline 16 s): recomputing 80 tokens takes far less.
+        let deep = seq(1, 0.0, 50, 80, 1.0);
+        // Both due within 40 ms, same size; one weighs 4.
+        let light = seq(2, 0.04, 50, 49, 1.0);
+        let heavy = seq(3, 0.04, 50, 49, 4.0);
+        let d = plan(&[heavy, light, deep], &[], now, Penalty::Linear);
+        assert_eq!(d.victims, vec![1, 2, 3], "{d:?}");
+    }
+}
+
+/// Closed-loop detection.
+#[cfg(test)]
+mod loop_tests {
     use super::Loop;
+
 
     /// Clients that answer an end at once are told apart from independent arrivals that happen
     /// to follow one.

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// Default first-token grace g, seconds.
     #[arg(long, default_value_t = 0.0, value_parser = parse_non_negative)]
     pub ttft_grace: f64,
+    /// Default priority of requests that send none (vLLM's meaning: lower is served first). A
+    /// request of priority p weighs 2^-p in smooth goodput and in the smooth scheduler.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true)]
+    pub default_priority: i64,
     /// Weight alpha of waiting against output in the benefit n - alpha f(idle).
     #[arg(long, default_value_t = 2.5, value_parser = parse_non_negative)]
     pub alpha: f64,
@@ -114,7 +118,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.api_key.iter().any(|k| k.is_empty()) {
         bail!("--api-key must not be empty");
     }
-    let slo = SloParams { alpha: args.alpha, penalty: args.penalty, binary: args.slo, default_class: SloClass { reading_rate: args.reading_rate, grace: args.ttft_grace } };
+    let slo = SloParams { alpha: args.alpha, penalty: args.penalty, binary: args.slo, default_class: SloClass { weight: SloClass::priority_weight(args.default_priority), ..SloClass::new(args.reading_rate, args.ttft_grace) } };
     let handle = metrics::install(&names[0], &args.scheduler, &slo)?;
     let config = ServeConfig {
         served_model_names: names,

@@ -5,9 +5,11 @@
 //!
 //! Extensions beyond OpenAI's set, as vLLM names them: `top_k`, `min_p`, `min_tokens`,
 //! `ignore_eos`, `repetition_penalty`, `stop_token_ids`, `skip_special_tokens`,
-//! `include_stop_str_in_output`, and pace's smooth-goodput class: `reading_rate` (tokens/s the
-//! user reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is
-//! due; default `--ttft-grace`).
+//! `include_stop_str_in_output`, `priority` (an integer from -10 to 10, lower is served first;
+//! default `--default-priority`: a request of priority `p` weighs `2^-p` in smooth goodput and
+//! in the smooth scheduler), and pace's smooth-goodput class: `reading_rate` (tokens/s the user
+//! reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is due;
+//! default `--ttft-grace`).
 
 use serde::Deserialize;
 
@@ -83,6 +85,7 @@ pub struct CommonParams {
     pub include_stop_str_in_output: Option<bool>,
     pub reading_rate: Option<f64>,
     pub ttft_grace: Option<f64>,
+    pub priority: Option<i64>,
 }
 
 /// Defines a request body struct with its own fields plus every [`CommonParams`] field, and a
@@ -115,13 +118,14 @@ macro_rules! with_common_params {
             pub include_stop_str_in_output: Option<bool>,
             pub reading_rate: Option<f64>,
             pub ttft_grace: Option<f64>,
+            pub priority: Option<i64>,
         }
 
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonParams {
-                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, .. } = self.clone();
-                CommonParams { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, }
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, .. } = self.clone();
+                CommonParams { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, }
             }
         }
     };

@@ -97,6 +97,11 @@ pub fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens:
     }
     let reading_rate = in_range("reading_rate", c.reading_rate, 0.0, 1e6, true)?.unwrap_or(cfg.default_class.reading_rate);
     let grace = in_range("ttft_grace", c.ttft_grace, 0.0, 3600.0, false)?.unwrap_or(cfg.default_class.grace);
+    let weight = match c.priority {
+        None => cfg.default_class.weight,
+        Some(p) if (-10..=10).contains(&p) => SloClass::priority_weight(p),
+        Some(p) => return Err(ApiError::param("priority", format!("priority must be an integer from -10 to 10 (lower is served first), got {p}"))),
+    };
     let sampling = SamplingParams {
         temperature: temperature as f32,
         top_p: top_p as f32,
@@ -121,7 +126,7 @@ pub fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens:
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         stream,
         include_usage: stream && c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
-        class: SloClass { reading_rate, grace },
+        class: SloClass { reading_rate, grace, weight },
     })
 }
 
