@@ -18,7 +18,9 @@
 //!
 //! # One step
 //!
-//! 1. Slack of every decode-ready stream, `d_{n+1} - now`. With `T_full`, the predicted time of a
+//! 1. Slack of every decode-ready stream, `d_{n+1} + L - now` with `L` its idle latency so far
+//!    (idle latency is the largest lateness, so lateness up to `L` costs nothing more; under a
+//!    capped penalty a stream past the cap has unbounded slack). With `T_full`, the predicted time of a
 //!    full step, a stream is *due* when its slack is under `horizon_steps * T_full`: if it sat
 //!    out this step it could run dry before the next one ends. Others have deep buffers.
 //! 2. The step's time cap is the shallowest due buffer (but never below the time of the due
@@ -30,12 +32,14 @@
 //!    shallowest buffer allows (large when everyone is well ahead, small when a stream is about
 //!    to run dry) and deep buffers skip a step when the cap or the budget binds.
 //! 4. Prefill candidates (running prompts, preempted recomputes, waiting requests) go in the
-//!    order of the modified due date `max(d_{n+1}, now + p)`, `p` the predicted prefill time: it
-//!    is earliest-deadline-first while requests can still be on time, shortest-first once they
-//!    are late (which minimises total lateness), and a request waiting longer than
-//!    `starvation_s` goes ahead in deadline order, so long prompts are not starved.
-//! 5. When blocks run out, the deepest buffer is preempted first (it is recomputed later, when
-//!    its reader has caught up), instead of fcfs's newest request.
+//!    order of the modified due date `max(now + slack, now + p / w)`, `p` the predicted prefill
+//!    time and `w` the request's weight (`2^-priority`): it is earliest-deadline-first while
+//!    requests can still be on time, weighted-shortest-first once they are late (which minimises
+//!    weighted total lateness), and a request waiting longer than `starvation_s` goes ahead in
+//!    deadline order, so long prompts are not starved.
+//! 5. When blocks run out, the stream that loses least per block it frees is preempted first:
+//!    it is recomputed later, and loses the part of that time its buffer does not cover, weighed
+//!    by its class and the penalty's shape (a deep buffer loses nothing; fcfs takes the newest).
 //!
 //! # The feed limit: the batch holds what it can keep at its readers' rates
 //!
