@@ -209,7 +209,7 @@ pub struct AbArgs {
     pub labels: Vec<String>,
     /// Start `pace serve --scheduler P` for each policy in turn (comma separated) on a free
     /// 127.0.0.1 port, and stop it after its sweep (the ablations are accepted too).
-    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(pace_scheduler::ALL_POLICY_NAMES))]
+    #[arg(long, value_delimiter = ',', value_parser = pace_scheduler::policy::parse_name)]
     pub scheduler: Vec<String>,
     /// The pace binary to start (default: this executable).
     #[arg(long)]

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
-use pace_scheduler::policy::ALL_POLICY_NAMES;
 use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
     preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, Saturation, SimConfig, SweepPoint, SweepSpec,
@@ -29,9 +28,11 @@ pub struct SimArgs {
     /// Cost-model preset (machine and model).
     #[arg(long, default_value = "h200-llama3-8b", value_parser = preset_parser())]
     pub preset: String,
-    /// Policies to compare, comma separated. `smooth-no-admission`, `fcfs-admission` and
-    /// `sarathi` are experimental ablations of smooth (ARCHITECTURE.md).
-    #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = PossibleValuesParser::new(ALL_POLICY_NAMES))]
+    /// Policies to compare, comma separated. `smooth-no-admission`, `smooth-no-feed-limit`,
+    /// `fcfs-admission` and `sarathi` are experimental ablations of smooth (ARCHITECTURE.md);
+    /// `smooth:KEY=VALUE[:KEY=VALUE...]` is smooth with some of its constants set (horizon_steps,
+    /// admit_max_loss, starvation_s, min_chunk_fraction, feed_quantile).
+    #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = pace_scheduler::policy::parse_name)]
     pub policies: Vec<String>,
     /// Offered loads as multiples of the preset's estimated saturation rate on the workload.
     #[arg(long, value_delimiter = ',', default_value = "0.5,1,1.5,2", conflicts_with_all = ["rates", "clients"])]

@@ -181,8 +181,35 @@ pub const ABLATION_NAMES: [&str; 4] = ["smooth-no-admission", "smooth-no-feed-li
 pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
-/// A policy by name (see [`ALL_POLICY_NAMES`]).
+/// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
+pub const SMOOTH_KEYS: [&str; 5] = ["horizon_steps", "admit_max_loss", "starvation_s", "min_chunk_fraction", "feed_quantile"];
+
+/// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
+/// [`SMOOTH_KEYS`]; fractions in `[0, 1]`, the others finite and non-negative). `None` if any
+/// pair is not one of those.
+pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
+    let mut c = SmoothConfig::default();
+    for kv in spec.split(':') {
+        let (k, v) = kv.split_once('=')?;
+        let v = v.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?;
+        match k.trim() {
+            "horizon_steps" => c.horizon_steps = v,
+            "admit_max_loss" => c.admit_max_loss = v,
+            "starvation_s" => c.starvation_s = v,
+            "min_chunk_fraction" if v <= 1.0 => c.min_chunk_fraction = v,
+            "feed_quantile" if v <= 1.0 => c.feed_quantile = v,
+            _ => return None,
+        }
+    }
+    Some(c)
+}
+
+/// A policy by name: one of [`ALL_POLICY_NAMES`], or smooth with some of its constants set, for
+/// ablating them: `smooth:admit_max_loss=0.05:feed_quantile=0.75` ([`smooth_variant`]).
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    if let Some(spec) = name.strip_prefix("smooth:") {
+        return smooth_variant(spec).map(|c| Box::new(Smooth::new(c)) as Box<dyn Policy>);
+    }
     match name {
         "smooth" => Some(Box::new(Smooth::new(SmoothConfig::default()))),
         "fcfs" => Some(Box::new(Fcfs::new())),
@@ -192,5 +219,38 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
         "fcfs-admission" => Some(Box::new(FcfsAdmission::new())),
         "sarathi" => Some(Box::new(Sarathi::new())),
         _ => None,
+    }
+}
+
+/// A policy name from a command line, checked with [`by_name`].
+pub fn parse_name(s: &str) -> Result<String, String> {
+    if by_name(s).is_some() {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown policy `{s}`: expected one of {}, or smooth:KEY=VALUE[:KEY=VALUE...] with KEY one of {}",
+            ALL_POLICY_NAMES.join(", "),
+            SMOOTH_KEYS.join(", ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smooth_variants_set_constants_and_nothing_else_parses() {
+        let c = smooth_variant("admit_max_loss=0.05:feed_quantile=0.75").unwrap();
+        assert_eq!((c.admit_max_loss, c.feed_quantile), (0.05, 0.75));
+        assert_eq!(c.horizon_steps, SmoothConfig::default().horizon_steps);
+        assert!(by_name("smooth:starvation_s=5").is_some());
+        for bad in ["smooth:", "smooth:feed_quantile=1.5", "smooth:admit_max_loss=-1", "smooth:nope=1", "smooth:admit_max_loss=nan", "fcfs:x=1"] {
+            assert!(by_name(bad).is_none(), "{bad}");
+            assert!(parse_name(bad).is_err());
+        }
+        for name in ALL_POLICY_NAMES {
+            assert_eq!(parse_name(name).as_deref(), Ok(name));
+        }
     }
 }

@@ -37,8 +37,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Scheduling policy: smooth, fcfs (vLLM-style) or drop-late. Experimental ablations of
-    /// smooth, for A/B runs: smooth-no-admission, fcfs-admission, sarathi.
-    #[arg(long, default_value = "smooth", value_parser = clap::builder::PossibleValuesParser::new(pace_scheduler::ALL_POLICY_NAMES))]
+    /// smooth, for A/B runs: smooth-no-admission, smooth-no-feed-limit, fcfs-admission, sarathi,
+    /// and smooth:KEY=VALUE[:...] with some of its constants set (ARCHITECTURE.md).
+    #[arg(long, default_value = "smooth", value_parser = pace_scheduler::policy::parse_name)]
     pub scheduler: String,
     /// Binary SLO for drop-late, attainment and goodput gauges: "ttft:MS tpot:MS [e2el:MS]".
     #[arg(long, default_value = "ttft:2000 tpot:100", value_parser = parse_slo)]
