@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
-    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, Saturation, SimConfig, SweepPoint, SweepSpec,
+    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Saturation, SimConfig, SweepPoint, SweepSpec,
 };
 use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience, Penalty, SloClass};
 use serde::Serialize;
@@ -110,6 +110,15 @@ pub struct SimArgs {
     /// Arrival process: poisson or gamma:CV.
     #[arg(long, default_value = "poisson")]
     pub arrivals: String,
+    /// Send a share of the requests at another vLLM `priority` (weight 2^-priority):
+    /// FRACTION:PRIORITY, e.g. 0.2:-2. Per-priority results are reported beside the totals, and
+    /// the ceiling serves the heaviest requests first.
+    #[arg(long)]
+    pub priority_mix: Option<String>,
+    /// KV-cache blocks (including the null block) instead of the preset's: fewer make memory
+    /// bind before step time does, so streams are preempted and recomputed.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    pub kv_cache_blocks: Option<u32>,
 }
 
 fn preset_parser() -> PossibleValuesParser {
@@ -252,6 +261,34 @@ pub struct SummaryLine {
     pub noise: f64,
     /// Prior error.
     pub prior_error: f64,
+    /// The priority mix clients send (`FRACTION:PRIORITY`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_mix: Option<String>,
+    /// The counted requests of each priority, most important first, when there is a mix.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_priority: Vec<PrioritySummary>,
+}
+
+/// The counted requests of one priority (means over seeds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrioritySummary {
+    /// vLLM's priority (lower is more important).
+    pub priority: i64,
+    /// Counted requests of this priority per run.
+    pub counted: f64,
+    /// Their benefit per request (weighted by their class) and its 95% half-width.
+    pub benefit_per_request: f64,
+    /// 95% half-width of `benefit_per_request`.
+    pub benefit_per_request_ci95: f64,
+    /// Rejected at the door, share of this priority's requests.
+    pub rejected_frac: f64,
+    /// Clients who left, share.
+    pub abandoned_frac: f64,
+    /// Time to first token p99 over every request of this priority (a request that never got
+    /// one counts at its end).
+    pub ttft_p99_all: f64,
+    /// TPOT p50 of this priority's served requests, seconds.
+    pub tpot_p50_served: f64,
 }
 
 fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> SummaryLine {
@@ -314,7 +351,35 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         max_tokens_rule: args.max_tokens_rule.clone(),
         noise: args.noise,
         prior_error: args.prior_error,
+        priority_mix: args.priority_mix.clone(),
+        by_priority: by_priority(p),
     }
+}
+
+/// Per-priority means over seeds (empty unless the runs had a priority mix).
+fn by_priority(p: &SweepPoint) -> Vec<PrioritySummary> {
+    let Some(first) = p.runs.first() else { return Vec::new() };
+    first
+        .eval
+        .by_priority
+        .iter()
+        .map(|&(prio, _)| {
+            let of = |f: &dyn Fn(&pace_scheduler::slo::WindowStats) -> f64| {
+                p.mean_ci(|r| r.eval.by_priority.iter().find(|(q, _)| *q == prio).map_or(0.0, |(_, s)| f(s)))
+            };
+            let (bpr, bpr_ci) = of(&|s| s.benefit_per_request);
+            PrioritySummary {
+                priority: prio,
+                counted: of(&|s| s.offered as f64).0,
+                benefit_per_request: bpr,
+                benefit_per_request_ci95: bpr_ci,
+                rejected_frac: of(&|s| s.rejected_frac).0,
+                abandoned_frac: of(&|s| s.abandoned_frac).0,
+                ttft_p99_all: of(&|s| s.ttft_all.p99).0,
+                tpot_p50_served: of(&|s| s.tpot_served.p50).0,
+            }
+        })
+        .collect()
 }
 
 /// Everything `pace sim` resolved from its flags.
@@ -351,6 +416,9 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     cfg.seed = seeds[0];
     cfg.warmup_fraction = args.warmup_fraction;
     cfg.window_end_fraction = args.window_end_fraction;
+    if let Some(blocks) = args.kv_cache_blocks {
+        cfg.sched.num_kv_blocks = blocks as usize;
+    }
     let slo = &mut cfg.sched.slo;
     slo.alpha = args.alpha;
     slo.penalty = args.penalty.parse::<Penalty>()?;
@@ -375,7 +443,12 @@ fn setup(args: &SimArgs) -> Result<Setup> {
             workload.lengths = LengthSource::Synthetic { input: parse_lengths(i)?, output: parse_lengths(o)? };
         }
     }
-    let client = ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()? };
+    let priority_mix = match &args.priority_mix {
+        Some(m) => m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?,
+        None => PriorityMix::default(),
+    };
+    let client =
+        ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()?, priority_mix };
     Ok(Setup { preset: p.name, cfg, workload, client, seeds })
 }
 
@@ -424,7 +497,7 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
     format!(
         "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
          mean prompt {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {} | noise {}, prior error {} | \
-         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"",
+         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{}{}",
         sat.rate,
         sat.output_tps,
         args.num_requests,
@@ -440,6 +513,8 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         slo.alpha,
         slo.penalty,
         slo.binary,
+        args.priority_mix.as_ref().map_or(String::new(), |m| format!(" | priority mix {m}")),
+        format!(" | {} KV blocks of {} tokens", cfg.sched.num_kv_blocks, cfg.sched.block_size),
     )
 }
 
@@ -507,6 +582,49 @@ pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
             for c in &cells {
                 let _ = writeln!(out, "{}", row(c));
             }
+        }
+        out.push_str(&priority_table(&rows, markdown));
+    }
+    out
+}
+
+/// The per-priority rows of one load's policies (nothing without a priority mix).
+fn priority_table(rows: &[&SummaryLine], markdown: bool) -> String {
+    let mut out = String::new();
+    if rows.iter().all(|l| l.by_priority.is_empty()) {
+        return out;
+    }
+    let head = ["policy", "priority", "counted", "benefit/req (weighted)", "rejected", "abandoned", "TTFT p99 all", "TPOT p50 served"];
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .flat_map(|l| {
+            l.by_priority.iter().map(|p| {
+                [
+                    l.policy.clone(),
+                    p.priority.to_string(),
+                    format!("{:.0}", p.counted),
+                    format!("{:.1} ± {:.1}", p.benefit_per_request, p.benefit_per_request_ci95),
+                    pct(p.rejected_frac),
+                    pct(p.abandoned_frac),
+                    format!("{:.2}s", p.ttft_p99_all),
+                    format!("{:.0}ms", p.tpot_p50_served * 1e3),
+                ]
+            })
+        })
+        .collect();
+    if markdown {
+        let _ = writeln!(out, "\nBy priority:\n\n| {} |", head.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
+        for c in &cells {
+            let _ = writeln!(out, "| {} |", c.join(" | "));
+        }
+    } else {
+        let _ = writeln!(out, "by priority:");
+        let widths: Vec<usize> = (0..head.len()).map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+        let row = |c: &[String]| c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}", w = *w + v.len() - v.chars().count())).collect::<Vec<_>>().join("  ");
+        let _ = writeln!(out, "{}", row(&head.map(String::from)));
+        for c in &cells {
+            let _ = writeln!(out, "{}", row(c));
         }
     }
     out
@@ -677,12 +795,29 @@ mod tests {
         let closed = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "fcfs", "--clients", "2,8",
             "--num-requests", "60", "--seed", "3"]).unwrap();
         run(&closed.sim).unwrap();
+
+        // A priority mix: per-priority rows in the JSON and the report; ablated constants by name.
+        let dir = std::env::temp_dir().join(format!("pace-sim-test-prio-{}", std::process::id()));
+        let mix = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "smooth:admit_max_loss=0.05,fcfs",
+            "--load-factors", "1.5", "--num-requests", "200", "--seed", "1", "--priority-mix", "0.25:-2",
+            "--out", dir.to_str().unwrap(), "--json"]).unwrap();
+        run(&mix.sim).unwrap();
+        let line: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(dir.join("summary.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+        assert_eq!(line["policy"], "smooth:admit_max_loss=0.05");
+        assert_eq!(line["priority_mix"], "0.25:-2");
+        let prios: Vec<i64> = line["by_priority"].as_array().unwrap().iter().map(|p| p["priority"].as_i64().unwrap()).collect();
+        assert_eq!(prios, vec![-2, 0]);
+        let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(report.contains("By priority:") && report.contains("priority mix 0.25:-2"), "{report}");
+        std::fs::remove_dir_all(&dir).ok();
         assert!(Cli::try_parse_from(["sim", "--preset", "tpu"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--rates", "1", "--load-factors", "1"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--clients", "4", "--rates", "1"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--seed", "1", "--seeds", "1,2"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--policies", "lifo"]).is_err());
-        for bad in [["--patience", "exp:0"], ["--max-tokens-rule", "cap:0"], ["--warmup-fraction", "0.9"]] {
+        for bad in [["--patience", "exp:0"], ["--max-tokens-rule", "cap:0"], ["--warmup-fraction", "0.9"], ["--priority-mix", "1.5:-2"],
+            ["--priority-mix", "0.2:11"], ["--priority-mix", "0.2"]] {
             let cli = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", bad[0], bad[1], "--num-requests", "10"]).unwrap();
             assert!(run(&cli.sim).is_err(), "{bad:?}");
         }

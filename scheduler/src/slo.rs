@@ -597,6 +597,22 @@ pub fn ceiling(offered_output_tps: f64, theta: f64) -> f64 {
     offered_output_tps.min(theta).max(0.0)
 }
 
+/// The ceiling of a weighted workload: the most weighted output rate an engine of `theta` output
+/// tokens per second can deliver when the offered rate comes in classes `(weight, tok/s)`: the
+/// heaviest served first. With one class of weight 1 it is [`ceiling`].
+pub fn weighted_ceiling(offered_by_weight: &[(f64, f64)], theta: f64) -> f64 {
+    let mut by_weight = offered_by_weight.to_vec();
+    by_weight.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut left = theta.max(0.0);
+    let mut total = 0.0;
+    for (w, tps) in by_weight {
+        let take = tps.max(0.0).min(left);
+        total += w * take;
+        left -= take;
+    }
+    total
+}
+
 /// `value / ceiling`, 0 when the ceiling is 0.
 pub fn ceiling_fraction(value: f64, ceiling: f64) -> f64 {
     if ceiling > 0.0 {
@@ -782,6 +798,18 @@ pub fn capacity(points: &[(f64, f64)], target: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_weighted_ceiling_serves_the_heaviest_first() {
+        // 20 tok/s at weight 4 and 80 at weight 1 on an engine of 50: 4 * 20 + 1 * 30.
+        assert_eq!(weighted_ceiling(&[(1.0, 80.0), (4.0, 20.0)], 50.0), 110.0);
+        // Room for everything: the weighted offered rate.
+        assert_eq!(weighted_ceiling(&[(1.0, 80.0), (4.0, 20.0)], 500.0), 160.0);
+        // One class of weight 1 is the plain ceiling.
+        for theta in [0.0, 30.0, 100.0] {
+            assert_eq!(weighted_ceiling(&[(1.0, 60.0)], theta), ceiling(60.0, theta));
+        }
+    }
     use rand::{Rng, SeedableRng};
 
     fn record(arrival: f64, token_times: Vec<f64>, class: SloClass) -> RequestRecord {

@@ -94,7 +94,7 @@ fn counterexample_b_holding_tokens_back_helps_tbt_and_never_idle_or_smooth_goodp
 fn fcfs_reaches_a_steady_state_under_overload_when_clients_have_patience() {
     let p = preset("h200-llama3-8b").unwrap();
     let cfg = SimConfig::published(&p);
-    let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0) };
+    let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() };
     let sat = saturation(&cfg, &p.workload, &client, 0, 1);
     let rate = 1.5 * sat.rate;
     let goodput = |n: usize| {
@@ -118,7 +118,7 @@ fn fcfs_reaches_a_steady_state_under_overload_when_clients_have_patience() {
 fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
     let p = preset("cpu-smollm2").unwrap();
     let cfg = SimConfig::published(&p);
-    let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0) };
+    let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() };
     let sat = saturation(&cfg, &p.workload, &client, 0, 1);
     let spec = SweepSpec {
         policies: &["smooth", "fcfs", "drop-late", "smooth-no-admission", "fcfs-admission", "sarathi"],
@@ -161,7 +161,7 @@ fn outputs_end_at_their_true_length_under_every_max_tokens_rule() {
     let mut lens = vec![];
     for rule in [MaxTokensRule::Exact, MaxTokensRule::Cap(1024), MaxTokensRule::Scale(2.0)] {
         let mut reqs = p.workload.generate(0.3, 120, 4);
-        ClientModel { max_tokens: rule, patience: Patience::None }.apply(&mut reqs, 4, cfg.sched.max_model_len);
+        ClientModel { max_tokens: rule, patience: Patience::None, ..ClientModel::default() }.apply(&mut reqs, 4, cfg.sched.max_model_len);
         let res = simulate(&cfg, by_name("fcfs").unwrap(), &reqs).unwrap();
         let (lo, hi) = res.counted;
         assert!(res.records[lo..hi].iter().all(|r| r.outcome == Outcome::Completed));

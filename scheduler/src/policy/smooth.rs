@@ -142,8 +142,9 @@ pub struct Smooth {
     cands: Vec<(f64, bool, usize)>,
     /// Preemption order scratch: (loss per block freed, slack, id).
     victims: Vec<(f64, f64, u64)>,
-    /// Admission scratch: (finish time, utilisation share, streams) of running and started streams.
-    finishes: Vec<(f64, f64, f64)>,
+    /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
+    /// started streams.
+    finishes: Vec<(f64, f64, f64, f64)>,
     /// Whether the clients are a closed loop (see [`Loop`]).
     population: Loop,
 }
@@ -285,6 +286,8 @@ struct Feed {
     /// Streams (a predicted stream whose client may leave first counts as the probability that
     /// it is still there).
     count: f64,
+    /// KV blocks the streams are expected to hold at their ends.
+    kv: f64,
 }
 
 impl Feed {
@@ -303,16 +306,26 @@ impl Feed {
         v.class.reading_rate * token_cost(c, v.num_tokens as f64, kappa)
     }
 
+    /// The KV blocks `v` is expected to hold at its end, `rem` tokens from now.
+    fn blocks(ctx: &PolicyContext<'_>, v: &SeqView, rem: f64) -> f64 {
+        ((v.num_tokens as f64 + rem) / ctx.block_size.max(1) as f64).ceil()
+    }
+
     fn utilisation(&self, base: f64) -> f64 {
         self.q_max * base + self.load
     }
 
-    fn with(&self, q: f64, share: f64) -> Feed {
-        self.with_weight(q, share, 1.0)
+    /// Past the machine's time (`cap`) or its KV memory (`kv_cap` blocks).
+    fn over(&self, base: f64, cap: f64, kv_cap: f64) -> bool {
+        self.utilisation(base) > cap || self.kv > kv_cap
     }
 
-    fn with_weight(&self, q: f64, share: f64, p: f64) -> Feed {
-        Feed { q_max: self.q_max.max(q), load: self.load + p * share, count: self.count + p }
+    fn with(&self, q: f64, share: f64, kv: f64) -> Feed {
+        self.with_weight(q, share, kv, 1.0)
+    }
+
+    fn with_weight(&self, q: f64, share: f64, kv: f64, p: f64) -> Feed {
+        Feed { q_max: self.q_max.max(q), load: self.load + p * share, count: self.count + p, kv: self.kv + p * kv }
     }
 
     fn is_empty(&self) -> bool {
@@ -331,10 +344,23 @@ impl Smooth {
         }
     }
 
+    /// The KV blocks the feed limit lets the streams hold at their expected ends: the whole
+    /// pool (less the null block), so that a stream started is one the memory can keep to its
+    /// end without preempting another; unlimited without the feed limit.
+    fn kv_cap(&self, ctx: &PolicyContext<'_>) -> f64 {
+        if self.cfg.feed_limit {
+            ctx.total_blocks.saturating_sub(1) as f64
+        } else {
+            f64::INFINITY
+        }
+    }
+
     /// The running streams' feed.
     fn running_feed(ctx: &PolicyContext<'_>, kappa: f64) -> Feed {
         let c = ctx.cost.coeffs();
-        ctx.running.iter().fold(Feed::default(), |f, v| f.with(v.class.reading_rate, Feed::running_share(&c, v, kappa)))
+        ctx.running.iter().fold(Feed::default(), |f, v| {
+            f.with(v.class.reading_rate, Feed::running_share(&c, v, kappa), Feed::blocks(ctx, v, ctx.expected_remaining(v)))
+        })
     }
 
     /// When `req`, queued behind every waiting request, is predicted to start under the feed
@@ -346,6 +372,7 @@ impl Smooth {
     /// when it fits at once.
     fn predicted_start(&mut self, req: &SeqView, ctx: &PolicyContext<'_>, c: &CostCoeffs) -> f64 {
         let cap = self.feed_cap(ctx);
+        let kv_cap = self.kv_cap(ctx);
         let now = ctx.now;
         // A queue this long is refused anyway; stop predicting past it.
         const MAX_QUEUE_SIMULATED: usize = 4096;
@@ -359,8 +386,9 @@ impl Smooth {
         for v in ctx.running {
             let rem = ctx.expected_remaining(v);
             let share = Feed::running_share(c, v, kappa);
-            feed = feed.with(v.class.reading_rate, share);
-            self.finishes.push((now + rem / v.class.reading_rate, share, 1.0));
+            let kv = Feed::blocks(ctx, v, rem);
+            feed = feed.with(v.class.reading_rate, share, kv);
+            self.finishes.push((now + rem / v.class.reading_rate, share, 1.0, kv));
         }
         // Soonest finish last, so the next to finish pops off the end.
         self.finishes.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
@@ -368,13 +396,14 @@ impl Smooth {
         // Starts `v` (expected to produce `rem` more tokens, there with probability `p`) at the
         // first finish that makes room for it. Returns its start time.
         let max_seqs = ctx.max_num_seqs as f64;
-        let start = |v: &SeqView, share: f64, p: f64, t: &mut f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64, f64)>| -> f64 {
+        let start = |v: &SeqView, share: f64, kv: f64, p: f64, t: &mut f64, feed: &mut Feed, finishes: &mut Vec<(f64, f64, f64, f64)>| -> f64 {
             let q = v.class.reading_rate;
-            while !feed.is_empty() && (feed.with_weight(q, share, p).utilisation(c.base_s) > cap || feed.count + p > max_seqs + 1e-9) {
-                let Some((at, freed, n)) = finishes.pop() else { break };
+            while !feed.is_empty() && (feed.with_weight(q, share, kv, p).over(c.base_s, cap, kv_cap) || feed.count + p > max_seqs + 1e-9) {
+                let Some((at, freed, n, blocks)) = finishes.pop() else { break };
                 *t = t.max(at);
                 feed.load -= freed;
                 feed.count -= n;
+                feed.kv -= blocks;
                 if feed.is_empty() {
                     *feed = Feed::default();
                 }
@@ -386,18 +415,20 @@ impl Smooth {
         for v in ctx.waiting.iter().filter(|v| v.class.weight >= req.class.weight) {
             let rem = ctx.expected_remaining(v);
             let share = Feed::share(c, v, rem, kappa);
+            let kv = Feed::blocks(ctx, v, rem);
             let idle_now = idle(v, now);
             // Room is made for it as it would be there if it started as soon as it could; then
             // it counts as what is left of it at the predicted start.
             let p0 = ctx.patience.stays(idle_now, idle(v, t));
-            let at = start(v, share, p0, &mut t, &mut feed, &mut self.finishes);
+            let at = start(v, share, kv, p0, &mut t, &mut feed, &mut self.finishes);
             let p = ctx.patience.stays(idle_now, idle(v, at));
-            feed = feed.with_weight(v.class.reading_rate, share, p);
+            feed = feed.with_weight(v.class.reading_rate, share, kv, p);
             let end = at + rem / v.class.reading_rate;
             let pos = self.finishes.partition_point(|f| f.0 > end);
-            self.finishes.insert(pos, (end, p * share, p));
+            self.finishes.insert(pos, (end, p * share, p, p * kv));
         }
-        start(req, Feed::share(c, req, req_rem, kappa), 1.0, &mut t, &mut feed, &mut self.finishes)
+        let kv = Feed::blocks(ctx, req, req_rem);
+        start(req, Feed::share(c, req, req_rem, kappa), kv, 1.0, &mut t, &mut feed, &mut self.finishes)
     }
 
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
@@ -530,6 +561,7 @@ impl Policy for Smooth {
         // The feed limit: a waiting request starts only while every running stream and it can
         // be kept at their readers' rates (an idle server always starts one).
         let feed_cap = self.feed_cap(ctx);
+        let kv_cap = self.kv_cap(ctx);
         let kappa = prefill_per_token(&c, ctx, None);
         let mut feed = Self::running_feed(ctx, kappa);
         let mut feed_full = false;
@@ -562,9 +594,9 @@ impl Policy for Smooth {
                 // kept), but running prompts still progress.
                 let mut started = None;
                 if !running {
-                    let share = Feed::share(&c, v, ctx.expected_remaining(v), kappa);
-                    let with = feed.with(v.class.reading_rate, share);
-                    if feed_full || slots == 0 || (!feed.is_empty() && with.utilisation(c.base_s) > feed_cap) {
+                    let rem = ctx.expected_remaining(v);
+                    let with = feed.with(v.class.reading_rate, Feed::share(&c, v, rem, kappa), Feed::blocks(ctx, v, rem));
+                    if feed_full || slots == 0 || (!feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap)) {
                         feed_full = true;
                         next_cand += 1;
                         continue;
@@ -609,14 +641,16 @@ impl Policy for Smooth {
         // When blocks run out: the stream that loses least per block it frees goes first. A
         // preempted stream is recomputed later (its tokens prefilled again at full steps); it
         // loses only the part of that time its buffer (slack) does not cover, weighed by its
-        // class and the penalty's shape at its idle latency so far. Ties (deep buffers, which
-        // lose nothing) go deepest first.
+        // class and the penalty's shape at its idle latency so far. A stream already late
+        // (negative slack) owes that lateness whether it is preempted or not: only the
+        // difference counts. Ties (deep buffers, which lose nothing) go deepest first.
         self.victims.clear();
         for v in ctx.running {
             let s = slack(v, now, ctx.slo.penalty);
             let late = (v.num_computed as f64 / rate - s).max(0.0);
+            let owed = (-s).max(0.0);
             let f = |l: f64| ctx.slo.penalty.apply(l);
-            let loss = v.class.weight * ctx.slo.alpha * (f(v.max_lateness + late) - f(v.max_lateness));
+            let loss = v.class.weight * ctx.slo.alpha * (f(v.max_lateness + late) - f(v.max_lateness + owed));
             self.victims.push((loss / v.blocks_held.max(1) as f64, s, v.id));
         }
         self.victims.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
@@ -732,6 +766,20 @@ mod tests {
         let heavy = seq(3, 0.04, 50, 49, 4.0);
         let d = plan(&[heavy, light, deep], &[], now, Penalty::Linear);
         assert_eq!(d.victims, vec![1, 2, 3], "{d:?}");
+    }
+
+    /// A stream already late owes its lateness whether it is preempted or not. Under a 1 s cap,
+    /// one 1.6 s late will be past the cap anyway: preempting it costs nothing, while a stream
+    /// just due would become late.
+    #[test]
+    fn lateness_owed_anyway_is_not_a_preemption_loss() {
+        let now = 10.0;
+        // Token 42 was due at 8.4 s.
+        let late = seq(1, 0.0, 50, 41, 1.0);
+        // Token 50 is due at 10.04 s.
+        let due = seq(2, 0.04, 50, 49, 1.0);
+        let d = plan(&[due, late], &[], now, Penalty::Capped(1.0));
+        assert_eq!(d.victims, vec![1, 2], "{d:?}");
     }
 }
 

@@ -36,9 +36,9 @@ use crate::plan::{SampledToken, StepOutput};
 use crate::policy::Policy;
 use crate::request::{Event, FinishReason, NewRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::slo::{ceiling, ceiling_fraction, delivered_rate, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
+use crate::slo::{ceiling, ceiling_fraction, weighted_ceiling, delivered_rate, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
 pub use preset::{preset, presets, Preset, PRESET_NAMES};
-pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, SimRequest, WorkloadSpec};
+pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, PriorityMix, SimRequest, WorkloadSpec};
 
 /// The token id simulated outputs end with.
 const EOS: u32 = 2;
@@ -163,6 +163,14 @@ pub struct Evaluation {
     pub preempted: u64,
     /// Steps in the whole run.
     pub steps: u64,
+    /// The offered output rate by class weight, heaviest first: (weight, output tokens per
+    /// second of the window). One entry when every request weighs the same.
+    #[serde(default)]
+    pub offered_by_weight: Vec<(f64, f64)>,
+    /// The counted requests of each priority over the same window, when they do not all have
+    /// the same one (a priority mix): (priority, stats), most important first.
+    #[serde(default)]
+    pub by_priority: Vec<(i64, WindowStats)>,
 }
 
 impl SimResult {
@@ -181,14 +189,40 @@ impl SimResult {
         let work_all: usize = self.work[lo..hi].iter().sum();
         let work_left: usize =
             (lo..hi).filter(|&i| self.records[i].outcome == Outcome::Abandoned).map(|i| self.work[i]).sum();
+        let per_s = |tokens: usize| if window_s > 0.0 { tokens as f64 / window_s } else { 0.0 };
+        let mut priorities: Vec<i64> = self.requests[lo..hi].iter().map(|r| r.priority).collect();
+        priorities.sort_unstable();
+        priorities.dedup();
+        let mut offered_by_weight: Vec<(f64, f64)> = priorities
+            .iter()
+            .map(|&p| {
+                let tokens = (lo..hi).filter(|&i| self.requests[i].priority == p).map(|i| self.requests[i].served_len()).sum();
+                (params.default_class.weight * SloClass::priority_weight(p), per_s(tokens))
+            })
+            .collect();
+        offered_by_weight.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let by_priority = if priorities.len() > 1 {
+            priorities
+                .iter()
+                .map(|&p| {
+                    let recs: Vec<RequestRecord> =
+                        (lo..hi).filter(|&i| self.requests[i].priority == p).map(|i| self.records[i].clone()).collect();
+                    (p, WindowStats::aggregate(&recs, window_s, params))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Evaluation {
             stats,
-            offered_output_tps: if window_s > 0.0 { served as f64 / window_s } else { 0.0 },
+            offered_output_tps: per_s(served),
             mean_served_len: served as f64 / (hi - lo).max(1) as f64,
             delivered_tps: delivered_rate(&self.records, self.window.0, self.window.1),
             wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
             preempted: self.stats.preemptions,
             steps: self.steps,
+            offered_by_weight,
+            by_priority,
         }
     }
 }
@@ -259,7 +293,7 @@ impl Book {
 
     /// Applies a step's events: tokens extend the timelines (and move the client's departure),
     /// and finishes end their requests.
-    fn apply(&mut self, events: &[Event], reqs: &[SimRequest], class: SloClass) {
+    fn apply(&mut self, events: &[Event], reqs: &[SimRequest]) {
         for e in events {
             match *e {
                 Event::Token { id, time, .. } => {
@@ -268,7 +302,7 @@ impl Book {
                     self.delivered[i] += 1;
                     let p = reqs[i].patience;
                     if p.is_finite() {
-                        let at = class.departure(reqs[i].arrival, self.delivered[i], p);
+                        let at = self.records[i].class.departure(reqs[i].arrival, self.delivered[i], p);
                         self.departures.push(Reverse((At(at), i, self.delivered[i])));
                     }
                 }
@@ -314,6 +348,8 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
     sched_cfg.cost_prior = cfg.scheduler_prior();
     let mut sched = Scheduler::new(sched_cfg, policy);
     let class = cfg.sched.slo.default_class;
+    // A request's class: the default, weighed by its priority as the server does.
+    let class_of = |r: &SimRequest| SloClass { weight: class.weight * SloClass::priority_weight(r.priority), ..class };
     let m = requests.len();
     let mut reqs = requests.to_vec();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
@@ -344,7 +380,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
     let mut book = Book {
         records: reqs
             .iter()
-            .map(|r| RequestRecord { arrival: r.arrival, token_times: Vec::new(), outcome: Outcome::Completed, end: r.arrival, class })
+            .map(|r| RequestRecord { arrival: r.arrival, token_times: Vec::new(), outcome: Outcome::Completed, end: r.arrival, class: class_of(r) })
             .collect(),
         ended: vec![false; m],
         delivered: vec![0; m],
@@ -395,12 +431,12 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
                 min_tokens: 0,
                 stop_token_ids: vec![EOS],
                 arrival,
-                class: None,
+                class: (r.priority != 0).then(|| class_of(r)),
             };
             if sched.add(req, arrival).is_err() {
                 book.end(i, Outcome::Rejected, arrival);
             } else if r.patience.is_finite() {
-                book.departures.push(Reverse((At(class.departure(arrival, 0, r.patience)), i, 0)));
+                book.departures.push(Reverse((At(book.records[i].class.departure(arrival, 0, r.patience)), i, 0)));
             }
         }
         // A client whose patience ran out before the request was even looked at leaves now.
@@ -429,7 +465,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
         sched.schedule_into(t, &mut plan);
         if plan.is_empty() {
             let events = sched.update(&plan, &StepOutput::default(), t);
-            book.apply(&events, &reqs, class);
+            book.apply(&events, &reqs);
             match upcoming(&book, next, &reqs).into_iter().chain(book.next_departure()).reduce(f64::min) {
                 Some(at) => t = t.max(at),
                 None if sched.has_unfinished() => {
@@ -461,7 +497,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
         }));
         let events = sched.update(&plan, &out, t);
         sched.observe_step(&shape, dur);
-        book.apply(&events, &reqs, class);
+        book.apply(&events, &reqs);
     }
     // Requests never sent have no record; those still unfinished are cut at the stop.
     let mut records = book.records;
@@ -679,7 +715,7 @@ pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> 
             let e = &r.eval;
             (r.ceiling, r.ceiling_fraction) = match p.load {
                 Load::Rate(_) => {
-                    let c = ceiling(e.offered_output_tps, theta);
+                    let c = if e.offered_by_weight.is_empty() { ceiling(e.offered_output_tps, theta) } else { weighted_ceiling(&e.offered_by_weight, theta) };
                     (c, ceiling_fraction(e.stats.smooth_goodput, c))
                 }
                 Load::Clients(n) => {
@@ -703,7 +739,7 @@ mod tests {
     }
 
     fn req(arrival: f64, prompt_len: usize, output_len: usize, max_tokens: usize, patience: f64) -> SimRequest {
-        SimRequest { arrival, prompt_len, output_len, max_tokens, patience }
+        SimRequest { arrival, prompt_len, output_len, max_tokens, patience, priority: 0 }
     }
 
     #[test]
@@ -743,7 +779,7 @@ mod tests {
     fn closed_loop_sends_the_next_request_when_the_last_ends() {
         let (cfg, p) = cpu();
         let mut reqs = p.workload.generate(f64::INFINITY, 60, 3);
-        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::None }.apply(&mut reqs, 3, 8192);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::None, ..ClientModel::default() }.apply(&mut reqs, 3, 8192);
         let res = run(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs, Mode::Closed { clients: 4 }).unwrap();
         // Never more than 4 requests live at once.
         let mut events: Vec<(f64, i32)> = res.records.iter().flat_map(|r| [(r.arrival, 1), (r.end, -1)]).collect();
@@ -770,7 +806,7 @@ mod tests {
         let (cfg, p) = cpu();
         let sat = saturation(&cfg, &p.workload, &ClientModel::default(), 0, 1);
         let mut reqs = p.workload.generate(2.0 * sat.rate, 400, 5);
-        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0) }.apply(&mut reqs, 5, 8192);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() }.apply(&mut reqs, 5, 8192);
         let res = simulate(&cfg, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap();
         let (lo, hi) = res.counted;
         assert!(res.records[lo..hi].iter().all(|r| r.outcome != Outcome::Aborted), "every counted request ended by itself");

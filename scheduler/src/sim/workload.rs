@@ -81,6 +81,10 @@ pub struct SimRequest {
     pub max_tokens: usize,
     /// Seconds of idle latency after which the client leaves (infinite: never).
     pub patience: f64,
+    /// vLLM's `priority` (lower is more important; weight `2^-priority`, see
+    /// [`crate::slo::SloClass::priority_weight`]).
+    #[serde(default)]
+    pub priority: i64,
 }
 
 impl SimRequest {
@@ -97,22 +101,52 @@ pub struct ClientModel {
     pub max_tokens: MaxTokensRule,
     /// Patience distribution.
     pub patience: Patience,
+    /// Which requests carry a priority other than 0.
+    #[serde(default)]
+    pub priority_mix: PriorityMix,
+}
+
+/// A share of the requests sent at one `priority` (the rest at 0), drawn per request from the
+/// seed: `FRACTION:PRIORITY`, e.g. `0.2:-2` (a fifth of the requests weigh 4).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct PriorityMix {
+    /// Fraction of the requests, in `[0, 1]`.
+    pub fraction: f64,
+    /// Their priority.
+    pub priority: i64,
+}
+
+impl std::str::FromStr for PriorityMix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("priority mix `{s}`: expected FRACTION:PRIORITY, e.g. 0.2:-2 (fraction in [0, 1], priority in -10..=10)");
+        let (f, p) = s.split_once(':').ok_or_else(bad)?;
+        let fraction = f.trim().parse::<f64>().ok().filter(|f| (0.0..=1.0).contains(f)).ok_or_else(bad)?;
+        let priority = p.trim().parse::<i64>().ok().filter(|p| (-10..=10).contains(p)).ok_or_else(bad)?;
+        Ok(Self { fraction, priority })
+    }
 }
 
 impl Default for ClientModel {
     /// The oracle of old runs: `max_tokens` is the true length and nobody leaves.
     fn default() -> Self {
-        Self { max_tokens: MaxTokensRule::Exact, patience: Patience::None }
+        Self { max_tokens: MaxTokensRule::Exact, patience: Patience::None, priority_mix: PriorityMix::default() }
     }
 }
 
 impl ClientModel {
-    /// Sets `max_tokens` (within `max_model_len`) and a seeded patience on every request.
+    /// Sets `max_tokens` (within `max_model_len`), a seeded patience and a seeded priority on
+    /// every request.
     pub fn apply(&self, reqs: &mut [SimRequest], seed: u64, max_model_len: usize) {
         let patience = self.patience.draw(reqs.len(), seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0000_0000_0007);
         for (r, p) in reqs.iter_mut().zip(patience) {
             r.max_tokens = self.max_tokens.max_tokens(r.output_len, max_model_len.saturating_sub(r.prompt_len));
             r.patience = p;
+            // Drawn for every request, so the same seed marks the same requests at any fraction.
+            let u: f64 = rng.random();
+            r.priority = if u < self.priority_mix.fraction { self.priority_mix.priority } else { 0 };
         }
     }
 }
@@ -140,7 +174,7 @@ impl WorkloadSpec {
                     LengthSource::Synthetic { input, output } => (input.sample(&mut len_rng), output.sample(&mut len_rng)),
                     LengthSource::Pairs(p) => p[len_rng.random_range(0..p.len())],
                 };
-                let r = SimRequest { arrival: t, prompt_len, output_len, max_tokens: output_len, patience: f64::INFINITY };
+                let r = SimRequest { arrival: t, prompt_len, output_len, max_tokens: output_len, patience: f64::INFINITY, priority: 0 };
                 t += self.gap(rate, &mut gap_rng);
                 r
             })
