@@ -298,6 +298,29 @@ def build():
              [(f"sum by (instance, scheduler) (instance:pace_step_duration_seconds_sum:rate1m{{{SEL}}})", "{{instance}} {{scheduler}}")],
              "percentunit", minv=0),
     ], 8)
+    # The scheduler's own predictions: smooth plans steps and admits by them.
+    within = lambda m: (f'(sum by (scheduler) (instance:{m}_bucket:rate1m{{{SEL}, le=~"1[.]10*"}}) '
+                        f'- sum by (scheduler) (instance:{m}_bucket:rate1m{{{SEL}, le=~"0[.]90*"}})) '
+                        f"/ sum by (scheduler) (instance:{m}_count:rate1m{{{SEL}}})")
+    band = lambda m: [(f"histogram_quantile({q}, sum by (scheduler, le) (instance:{m}_bucket:rate1m{{{SEL}}}))",
+                       f"{{{{scheduler}}}} p{round(q * 100):02d}") for q in (0.05, 0.5, 0.95)]
+    b.place([
+        b.ts("Step-time prediction: predicted / measured, p05 / p50 / p95",
+             "The cost model's predicted step time over the measured one (1 is exact; above 1 it expected "
+             "slower steps). The smooth scheduler sizes chunks, the feed limit and the door's waits by it. "
+             "Buckets 0.9 and 1.1 bound the 10% band.", band("pace_step_time_prediction_error_ratio"), "short",
+             w=8, minv=0),
+        b.ts("Steps predicted within 10%",
+             "Share of steps whose predicted time was within 10% of the measured one (ratio in (0.9, 1.1]). "
+             "Target: 95% at steady load.", [(within("pace_step_time_prediction_error_ratio"), "{{scheduler}}")],
+             "percentunit", w=8, minv=0, maxv=1,
+             thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 0.95}]),
+        b.ts("Output-length prediction: expected / actual, p05 / p50 / p95",
+             "The learned length model's expected output over the actual one, for requests that stopped by "
+             "themselves (a request cut by max_tokens, a client or a drop is censored, not scored). Wide "
+             "by nature: it is one distribution's mean against each request's draw.",
+             band("pace_output_length_prediction_error_ratio"), "short", w=8, minv=0),
+    ], 8)
 
     def query_var(name, label, query, multi=True):
         return {"name": name, "label": label, "type": "query", "datasource": DS, "query": query, "definition": query,

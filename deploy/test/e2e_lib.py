@@ -271,7 +271,7 @@ def scrape_contract(inst, strict):
     errors, warnings = [], []
     for m in sorted(promql.CONTRACT):
         if m not in names:
-            base = next((c for c in promql.EVENT_COUNTERS if m == c), None)
+            base = next((c for c in promql.EVENT_COUNTERS if m == c), None) or (m if m in promql.EVENT_SERIES else None)
             msg = f"{inst.name}: /metrics has no {m}"
             if base and not strict:
                 warnings.append(msg + " (an event counter the load may not have caused; register it at 0 at start-up)")
@@ -345,7 +345,10 @@ def evaluate_all(prom, at, strict=True):
             continue
         nonempty, finite = has_data(res)
         line = f"dashboard '{title}' {ref}: {len(res)} series"
-        if not nonempty:
+        event_only = promql.metric_names(expr) and promql.metric_names(expr) <= promql.EVENT_SERIES
+        if not nonempty and not strict and event_only:
+            warnings.append(line + " - no data (only events this load may not cause)")
+        elif not nonempty:
             errors.append(line + f" - NO DATA\n    {expr}")
         elif not finite:
             errors.append(line + f" - only NaN/Inf values\n    {expr}")
@@ -358,7 +361,10 @@ def evaluate_all(prom, at, strict=True):
                 if "record" in r:
                     res = prom.query(r["record"], at=at)
                     line = f"recording {r['record']}: {len(res)} series"
-                    (report if res else errors).append(line if res else line + " - NO DATA")
+                    if not res and not strict and r["record"] in promql.EVENT_SERIES:
+                        warnings.append(line + " - no data (an event this load may not cause)")
+                    else:
+                        (report if res else errors).append(line if res else line + " - NO DATA")
                     continue
                 name = r["alert"]
                 try:

@@ -36,6 +36,7 @@ SLO_TPOT = 0.1
 
 LAT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 5, 7.5, 10, 20, 40, 80]
 TOKEN_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+RATIO_BUCKETS = [0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 4]
 HISTOGRAMS = {
     "pace_time_to_first_token_seconds": LAT_BUCKETS,
     "pace_inter_token_latency_seconds": LAT_BUCKETS,
@@ -47,6 +48,8 @@ HISTOGRAMS = {
     "pace_request_generation_tokens": TOKEN_BUCKETS,
     "pace_step_duration_seconds": [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
     "pace_step_batch_tokens": TOKEN_BUCKETS,
+    "pace_step_time_prediction_error_ratio": RATIO_BUCKETS,
+    "pace_output_length_prediction_error_ratio": RATIO_BUCKETS,
 }
 GAUGES = ["pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
           "pace_slo_attainment_ratio", "pace_inflight_max_idle_latency_seconds", "pace_num_requests_running",
@@ -238,6 +241,8 @@ def make_handler(args, reg, sim):
             reg.observe("pace_user_idle_latency_seconds", idle)
             reg.observe("pace_request_prompt_tokens", n_prompt)
             reg.observe("pace_request_generation_tokens", n)
+            # The fake's requests all end by length; score a made-up expectation as if stopped.
+            reg.observe("pace_output_length_prediction_error_ratio", 0.6 + 0.8 * sim.rng.random())
             reg.inc("pace_prompt_tokens_total", by=n_prompt)
             reg.inc("pace_generation_tokens_total", by=n)
             reg.inc("pace_requests_total", 'finished_reason="length"')
@@ -271,6 +276,7 @@ def engine_loop(reg, stop):
             d = 0.004 + 0.003 * running * rng.random()
             reg.observe("pace_step_duration_seconds", d)
             reg.observe("pace_step_batch_tokens", running + (rng.random() < 0.2) * 64)
+            reg.observe("pace_step_time_prediction_error_ratio", rng.lognormvariate(0.0, 0.06))
             time.sleep(d)
         else:
             time.sleep(0.02)

@@ -18,7 +18,7 @@ HISTOGRAMS = [
     "pace_time_to_first_token_seconds", "pace_inter_token_latency_seconds", "pace_time_per_output_token_seconds",
     "pace_e2e_request_latency_seconds", "pace_user_idle_latency_seconds", "pace_request_queue_time_seconds",
     "pace_request_prompt_tokens", "pace_request_generation_tokens", "pace_step_duration_seconds",
-    "pace_step_batch_tokens",
+    "pace_step_batch_tokens", "pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio",
 ]
 GAUGES = [
     "pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
@@ -32,6 +32,12 @@ COUNTERS = [
 # Counters of events a short, light load may not cause; a server that registers its series lazily
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).
 EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_preemptions_total"]
+# Histograms of events a short load may not cause either: the length prediction is scored only on
+# requests that stopped by themselves (a load of short max_tokens may have none). Their series,
+# what the rules record from them, and panels that read only those, are warnings unless strict.
+EVENT_HISTOGRAMS = ["pace_output_length_prediction_error_ratio"]
+EVENT_SERIES = {h + s for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")} | {
+    f"instance:{h}{s}:rate1m" for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")}
 CONTRACT = set(GAUGES) | set(COUNTERS) | {h + s for h in HISTOGRAMS for s in ("_bucket", "_count", "_sum")}
 
 PROMQL_KEYWORDS = {
