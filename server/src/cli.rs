@@ -114,16 +114,25 @@ pub fn activation_reserve(cfg: &LlamaConfig, tokens: usize, seqs: usize, act_byt
 }
 
 /// Builds rayon's global pool once (the kernels' threads). Idle workers sleep rather than spin.
+/// A process that loads a second model (in-process tests) keeps the pool it has.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     if n == 0 {
         bail!("--threads must be at least 1");
     }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("pace-kernel-{i}"))
-        .build_global()
-        .context("starting the kernel thread pool")
+    let mut result = Ok(());
+    BUILT.call_once(|| {
+        result = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("pace-kernel-{i}"))
+            .build_global()
+            .context("starting the kernel thread pool");
+    });
+    if result.is_ok() && rayon::current_num_threads() != n {
+        tracing::warn!("the kernel thread pool already has {} threads; --threads {n} is not applied", rayon::current_num_threads());
+    }
+    result
 }
 
 impl EngineArgs {

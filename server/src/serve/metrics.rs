@@ -88,8 +88,21 @@ fn buckets_with(base: &[f64], extra: &[Option<f64>]) -> Vec<f64> {
     b
 }
 
-/// Installs the global recorder; returns the handle `/metrics` renders.
+/// Installs the global recorder; returns the handle `/metrics` renders. A process has one
+/// recorder: a second call (in-process tests start several servers) returns the first one's
+/// handle, with the first one's labels and buckets.
 pub fn install(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Result<PrometheusHandle> {
+    static HANDLE: std::sync::Mutex<Option<PrometheusHandle>> = std::sync::Mutex::new(None);
+    let mut installed = HANDLE.lock().map_err(|_| anyhow::anyhow!("metrics recorder lock poisoned"))?;
+    if let Some(h) = installed.as_ref() {
+        return Ok(h.clone());
+    }
+    let handle = install_recorder(model_name, scheduler, slo)?;
+    *installed = Some(handle.clone());
+    Ok(handle)
+}
+
+fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Result<PrometheusHandle> {
     let lat = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
     let itl = [0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
     let idle = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0];
