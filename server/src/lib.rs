@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod engine;
 pub mod engine_bench;
+pub mod engine_setup;
 pub mod generate;
 pub mod gpu_check;
 pub mod serve;

@@ -236,7 +236,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
     let tokenizer = Arc::new(loaded.tokenizer);
     let origin = Instant::now();
     let queue = (args.max_queue_requests, args.max_queue_tokens);
-    let core = crate::cli::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
+    let core = crate::engine_setup::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
         c.slo = slo;
         c.max_queue_requests = queue.0.max(1);
         c.max_queue_tokens = queue.1.max(1);
