@@ -16,7 +16,7 @@
 #   SATURATION (1.64 req/s: `pace sim --preset cpu-smollm2`'s estimate on this workload, which
 #   `pace serve --scheduler fcfs` matches under overload: 280 delivered tok/s against the
 #   simulator's 295), FACTORS (0.5,1,1.5,2), SPAN (280 s), PATIENCE (exp:20), THREADS (2),
-#   LLAMA_DIR (/tmp/llama-cpp, built by ../shared/tools/build-llama-cpp.sh), PACE
+#   LLAMA_DIR (/tmp/llama-cpp, built by tools/build-llama-cpp.sh), PACE
 #   (target/release/pace), POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth-no-admission,
 #   fcfs-admission,sarathi; empty to skip), SEED (42), RESUME (set to 1 to keep every point
 #   already in RESULT_DIR and run only the missing ones: `pace bench ab --resume`).
@@ -38,7 +38,7 @@ LLAMA_DIR=${LLAMA_DIR:-/tmp/llama-cpp}
 PACE=${PACE:-target/release/pace}
 MODEL=${MODEL:-${PACE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/pace}/SmolLM2-135M-Instruct.Q4_1.gguf}
 SLO="ttft:5000 tpot:100"
-[ -x "$LLAMA_DIR/bin/llama-server" ] || { echo "build llama.cpp first (../shared/tools/build-llama-cpp.sh $LLAMA_DIR)" >&2; exit 1; }
+[ -x "$LLAMA_DIR/bin/llama-server" ] || { echo "build llama.cpp first (tools/build-llama-cpp.sh $LLAMA_DIR)" >&2; exit 1; }
 [ -x "$PACE" ] || { echo "build pace first (cargo build --release)" >&2; exit 1; }
 [ -f "$MODEL" ] || "$PACE" generate --prompt hi --max-tokens 1 >/dev/null 2>&1 || true
 mkdir -p "$OUT"

@@ -7,7 +7,7 @@
 #                                             (llama-server -np N  vs pace engine-bench)
 #   peak RSS of each process.
 # Each figure is the median of REPS runs. Needs llama.cpp built by tools/build-llama-cpp.sh (or
-# ../shared/tools/build-llama-cpp.sh) into LLAMA_DIR (default /tmp/llama-cpp), and a release
+# tools/build-llama-cpp.sh) into LLAMA_DIR (default /tmp/llama-cpp), and a release
 # build of pace (cargo build --release). The machine should be otherwise quiet: llama.cpp's
 # thread pool busy-polls and collapses when another process shares the cores.
 #

@@ -25,7 +25,7 @@ use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, DeviceId, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Shape, Tensor};
 
-use crate::attention::{AttnOptions, CacheGeometry, PagedAttentionMeta};
+use crate::attention::meta::{AttnOptions, CacheGeometry, PagedAttentionMeta};
 
 static CACHE_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cache.fatbin"));
 static SIMT_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));

@@ -128,8 +128,8 @@ impl ModelRunner {
     }
 
     /// Logits at positions `from..tokens.len()` of one sequence, computed by a single prefill
-    /// through `block_table` (which the caller owns for the duration). For prompt logprobs and
-    /// for checking the model against references.
+    /// through `block_table` (which the caller owns for the duration), for checking the model
+    /// against reference logits.
     pub fn prompt_logits(&mut self, tokens: &[u32], block_table: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
         if from >= tokens.len() {
             return Ok(Vec::new());

@@ -21,7 +21,7 @@
 //! construction: [`IncrementalDecoder`] only has to hold back an incomplete UTF-8 tail, and never
 //! re-decodes earlier tokens.
 
-mod build;
+mod parts;
 mod spm;
 mod stream;
 
@@ -185,7 +185,7 @@ impl Tokenizer {
     /// `gpt2` (byte-level BPE with merges and a named pre-tokenizer) or `llama` (SentencePiece
     /// BPE with scores). Other tokenizer models are [`Error::Unsupported`].
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        Self::assemble(build::from_gguf(gguf)?)
+        Self::assemble(parts::from_gguf(gguf)?)
     }
 
     /// Loads a Hugging Face tokenizer: `path` is a model directory or a `tokenizer.json`.
@@ -193,13 +193,13 @@ impl Tokenizer {
     /// `add_eos_token` and the chat template (or `chat_template.jinja`);
     /// `generation_config.json` adds end-of-generation ids.
     pub fn from_file(path: &Path) -> Result<Self> {
-        Self::assemble(build::from_hf_file(path)?)
+        Self::assemble(parts::from_hf_file(path)?)
     }
 
     /// A byte-level tokenizer of `vocab_size` tokens for models that ship none (dummy weights):
     /// one token per byte, `<|endoftext|>` as BOS/EOS, ChatML as chat template.
     pub fn byte_level(vocab_size: usize) -> Result<Self> {
-        Self::assemble(build::byte_vocab(vocab_size)?)
+        Self::assemble(parts::byte_vocab(vocab_size)?)
     }
 
     fn assemble(p: Parts) -> Result<Self> {

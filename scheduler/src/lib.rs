@@ -34,7 +34,7 @@ pub use cost::{CostCoeffs, StepCostModel, StepShape};
 pub use lengths::{LengthModel, LengthPrior};
 pub use patience::PatienceModel;
 pub use plan::{BatchPlan, RequestId, SampledToken, SeqSlice, StepOutput};
-pub use policy::{Policy, ABLATION_NAMES, ALL_POLICY_NAMES, POLICY_NAMES};
+pub use policy::{Policy, ALL_POLICY_NAMES};
 pub use request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 pub use slo::{BinarySlo, MaxTokensRule, Patience, Penalty, RequestRecord, SloClass, SloParams, WindowStats};

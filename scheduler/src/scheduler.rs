@@ -341,11 +341,6 @@ impl Scheduler {
         &self.cfg
     }
 
-    /// The policy's name.
-    pub fn policy_name(&self) -> &'static str {
-        self.policy.name()
-    }
-
     /// The step-cost model (to replace it with a profiled one, see [`Self::set_cost_model`]).
     pub fn cost_model(&self) -> &StepCostModel {
         &self.cost
@@ -769,11 +764,5 @@ impl Scheduler {
             max_idle_in_flight: self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max),
             steps: self.step,
         }
-    }
-
-    /// Output tokens generated so far by a live request, and whether it is running.
-    pub fn progress(&self, id: RequestId) -> Option<(usize, bool)> {
-        let r = self.slots[*self.index.get(&id)?].as_ref()?;
-        Some((r.num_output(), r.state == State::Running))
     }
 }

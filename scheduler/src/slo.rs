@@ -1,4 +1,4 @@
-//! Latency, SLO and goodput math: `../shared/docs/metrics.md`, implemented once.
+//! Latency, SLO and goodput math: `docs/metrics.md`, implemented once.
 //!
 //! The server's live gauges, the benchmark client and the simulator all call this module, so a
 //! gauge on Grafana and a line in a benchmark report are the same formula applied to different

@@ -121,7 +121,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     engine_args.max_num_seqs = engine_args.max_num_seqs.max(max_conc);
     // One prefill per step of the whole prompt, as llama-bench's pp test does.
     let budget = args.engine.max_batch_tokens.unwrap_or(args.prompt_len.max(512));
-    let engine = crate::cli::build_engine_with(&engine_args, loaded.model, loaded.max_model_len, "fcfs", |c| {
+    let engine = crate::engine_setup::build_engine_with(&engine_args, loaded.model, loaded.max_model_len, "fcfs", |c| {
         c.max_batch_tokens = budget;
     })?;
     let mut b = Bench { engine, rng: StdRng::seed_from_u64(Instant::now().elapsed().subsec_nanos() as u64 ^ 0x5eed), next_id: 0, vocab };

@@ -43,7 +43,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let loaded = args.engine.load()?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let template = loaded.chat_template;
-    let mut engine = crate::cli::build_engine(&args.engine, loaded.model, loaded.max_model_len, "fcfs")?;
+    let mut engine = crate::engine_setup::build_engine(&args.engine, loaded.model, loaded.max_model_len, "fcfs")?;
     let mut decoders = HashMap::new();
     let mut texts: Vec<String> = vec![String::new(); args.prompts.len()];
     let mut counts = vec![0usize; args.prompts.len()];

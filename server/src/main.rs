@@ -1,13 +1,7 @@
 //! `pace`: an OpenAI-compatible LLM inference server that schedules for what users experience.
 
-mod cli;
-mod engine;
-mod engine_bench;
-mod generate;
-mod gpu_check;
-mod serve;
-
 use clap::{Parser, Subcommand};
+use pace_server::{engine_bench, generate, gpu_check, serve};
 
 /// pace: serve a Llama-family model, generate from the command line, or simulate schedulers.
 #[derive(Debug, Parser)]

@@ -13,8 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::gemm::TOKENS;
-use super::QK;
+use super::{QK, TOKENS};
 use crate::simd::hsum8;
 
 pub(super) use crate::cpu_has_avx2 as available;

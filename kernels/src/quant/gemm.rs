@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::act::QuantizedActs;
-use super::{QFormat, QuantMatrix, QK};
+use super::{QFormat, QuantMatrix, QK, TOKENS};
 
 /// Rows per tile.
 const ROWS: usize = 3;
@@ -20,8 +20,6 @@ const ROWS: usize = 3;
 const ROWS_GEMV: usize = 4;
 // The kernels are instantiated for row tiles of 1 to 4 (see `run_tiles`).
 const _: () = assert!(ROWS <= 4 && ROWS_GEMV <= 4);
-/// Tokens per tile.
-pub(super) const TOKENS: usize = 2;
 /// Tokens whose activations are processed together (kept in L2).
 const TOKEN_CHUNK: usize = 96;
 /// Work chunks per thread, for load balance under contention.

@@ -43,6 +43,9 @@ use half::f16;
 /// Weights per quantization block.
 pub const QK: usize = 32;
 
+/// Tokens per tile of the matrix kernels (the portable ones and AVX2's).
+pub(crate) const TOKENS: usize = 2;
+
 /// Internal weight layout (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QFormat {

@@ -164,10 +164,9 @@ pub trait Policy: Send {
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions);
 }
 
-/// The policies: `smooth`, `fcfs` (the baseline) and `drop-late`.
-pub const POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
-
-/// Ablations (experimental): each isolates one part of smooth's gain (evaluation.md, point 9).
+/// Every name [`by_name`] accepts, the one list of them: the policies (`smooth`, `fcfs`, the
+/// baseline, and `drop-late`), then the ablations, experimental, each isolating one part of
+/// smooth's gain (evaluation.md, point 9):
 /// - `smooth-no-admission`: smooth's step planning, admitting everything;
 /// - `smooth-no-feed-limit`: smooth starting whatever fits the batch, not only what it can keep
 ///   at its readers' rates (its door still predicts with the limit);
@@ -175,9 +174,6 @@ pub const POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
 /// - `sarathi`: fcfs with a per-step token budget, the largest whose predicted step time keeps
 ///   every running stream at its reading rate (Sarathi-Serve's stall-free budget, derived from
 ///   the readers instead of a fixed TBT target).
-pub const ABLATION_NAMES: [&str; 4] = ["smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
-
-/// Every name [`by_name`] accepts: the policies, then the ablations.
 pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 

@@ -24,7 +24,7 @@ pub enum EngineEvent {
     /// A token was sampled.
     Token { sampled: SampledToken },
     /// The request ended.
-    Finished { reason: FinishReason, time: f64 },
+    Finished { reason: FinishReason },
 }
 
 enum Command {
@@ -217,10 +217,10 @@ impl EngineLoop {
                     }
                 }
             }
-            Event::Finished { id, reason, time, .. } => {
+            Event::Finished { id, reason, .. } => {
                 self.first_scheduled.remove(&id);
                 if let Some(tx) = self.channels.remove(&id) {
-                    let _ = tx.send(EngineEvent::Finished { reason, time });
+                    let _ = tx.send(EngineEvent::Finished { reason });
                 }
             }
         }

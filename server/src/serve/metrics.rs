@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use pace_scheduler::slo::{idle_latency, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
-use pace_scheduler::{RejectReason, SchedulerStats};
+use pace_scheduler::{FinishReason, RejectReason, SchedulerStats};
 
 const TTFT: &str = "pace_time_to_first_token_seconds";
 const ITL: &str = "pace_inter_token_latency_seconds";
@@ -31,6 +31,40 @@ const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
 
 /// Finish reasons as exported (`finished_reason` label values).
 pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
+
+/// Label value of a finish reason (one of [`FINISH_REASONS`]).
+pub fn finish_label(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+        FinishReason::Dropped => "dropped",
+        FinishReason::Rejected => "rejected",
+        FinishReason::Error => "error",
+    }
+}
+
+/// How a request that finished with `r` counts in the goodput metrics.
+pub fn outcome(r: FinishReason) -> Outcome {
+    match r {
+        FinishReason::Stop | FinishReason::Length => Outcome::Completed,
+        FinishReason::Abort => Outcome::Aborted,
+        FinishReason::Dropped => Outcome::Dropped,
+        FinishReason::Rejected => Outcome::Rejected,
+        FinishReason::Error => Outcome::Failed,
+    }
+}
+
+/// A request refused before it reached the scheduler or by it (`reason` label: a
+/// [`reject_label`] or one of [`OTHER_REJECTIONS`]).
+pub fn record_rejected(reason: &'static str) {
+    counter!("pace_requests_rejected_total", "reason" => reason).increment(1);
+}
+
+/// Prompt tokens of an admitted request.
+pub fn record_prompt_tokens(n: usize) {
+    counter!("pace_prompt_tokens_total").increment(n as u64);
+}
 
 /// Label value of a rejection reason.
 pub fn reject_label(r: RejectReason) -> &'static str {
@@ -54,8 +88,21 @@ fn buckets_with(base: &[f64], extra: &[Option<f64>]) -> Vec<f64> {
     b
 }
 
-/// Installs the global recorder; returns the handle `/metrics` renders.
+/// Installs the global recorder; returns the handle `/metrics` renders. A process has one
+/// recorder: a second call (in-process tests start several servers) returns the first one's
+/// handle, with the first one's labels and buckets.
 pub fn install(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Result<PrometheusHandle> {
+    static HANDLE: std::sync::Mutex<Option<PrometheusHandle>> = std::sync::Mutex::new(None);
+    let mut installed = HANDLE.lock().map_err(|_| anyhow::anyhow!("metrics recorder lock poisoned"))?;
+    if let Some(h) = installed.as_ref() {
+        return Ok(h.clone());
+    }
+    let handle = install_recorder(model_name, scheduler, slo)?;
+    *installed = Some(handle.clone());
+    Ok(handle)
+}
+
+fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyhow::Result<PrometheusHandle> {
     let lat = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
     let itl = [0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0];
     let idle = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0];
@@ -189,12 +236,17 @@ impl Window {
         live
     }
 
-    /// Records a finished (or rejected) request: histograms, counters and the window.
-    pub fn finish(&self, id: u64, record: RequestRecord, prompt_tokens: usize, finished_reason: &'static str) {
+    /// Records a finished (or rejected) request: its log line, histograms, counters and the
+    /// window. The record's outcome is [`outcome`] of `reason`.
+    pub fn finish(&self, id: u64, record: RequestRecord, prompt_tokens: usize, reason: FinishReason) {
         if let Ok(mut m) = self.live.lock() {
             m.remove(&id);
         }
-        counter!("pace_requests_total", "finished_reason" => finished_reason).increment(1);
+        let label = finish_label(reason);
+        if reason != FinishReason::Rejected {
+            log_finished(id, &record, prompt_tokens, label);
+        }
+        counter!("pace_requests_total", "finished_reason" => label).increment(1);
         if record.outcome != Outcome::Rejected {
             if let Some(t) = record.ttft() {
                 histogram!(TTFT).record(t);
@@ -246,4 +298,16 @@ impl Window {
         };
         gauge!("pace_inflight_max_idle_latency_seconds").set(worst);
     }
+}
+
+/// One log line per finished request (`RUST_LOG=pace::request=info`).
+fn log_finished(id: u64, r: &RequestRecord, prompt_tokens: usize, reason: &str) {
+    tracing::info!(
+        target: "pace::request",
+        "request {id} finished: reason={reason} prompt_tokens={prompt_tokens} output_tokens={} ttft={} tpot={:.4} idle={:.3}",
+        r.num_tokens(),
+        r.ttft().map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into()),
+        r.tpot(),
+        r.idle_latency()
+    );
 }

@@ -114,6 +114,23 @@ fn parse_non_negative(s: &str) -> Result<f64, String> {
 
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn run(args: &ServeArgs) -> Result<()> {
+    let (state, slo) = prepare(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("pace-http").enable_all().build()?;
+    rt.block_on(serve(args.clone(), state, slo))
+}
+
+/// The server without a socket: the state with the model loaded and the engine thread running,
+/// ready for [`api::app`] (tests drive it with `tower::ServiceExt::oneshot`). Blocks while the
+/// model loads; the engine stops when the returned state's engine is shut down or the process
+/// ends.
+pub fn in_process(args: &ServeArgs) -> Result<Arc<AppState>> {
+    let (state, slo) = prepare(args)?;
+    load(args, &state, slo)?;
+    Ok(state)
+}
+
+/// Checks the flags and builds the shared state (phase `Loading`) and the metrics recorder.
+fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let source = ModelSource::parse(args.engine.model.as_deref())?;
     let names = if args.served_model_name.is_empty() { vec![source.default_name()] } else { args.served_model_name.clone() };
     if args.api_key.iter().any(|k| k.is_empty()) {
@@ -135,8 +152,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         unhealthy_after_failures: 3,
     };
     let state = Arc::new(AppState::new(config, metrics::Window::new(slo, args.metrics_window), handle));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("pace-http").enable_all().build()?;
-    rt.block_on(serve(args.clone(), state, slo))
+    Ok((state, slo))
 }
 
 async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<()> {
@@ -220,7 +236,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
     let tokenizer = Arc::new(loaded.tokenizer);
     let origin = Instant::now();
     let queue = (args.max_queue_requests, args.max_queue_tokens);
-    let core = crate::cli::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
+    let core = crate::engine_setup::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
         c.slo = slo;
         c.max_queue_requests = queue.0.max(1);
         c.max_queue_tokens = queue.1.max(1);

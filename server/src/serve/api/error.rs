@@ -4,7 +4,10 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use pace_scheduler::{FinishReason, RejectReason, Rejection};
 use serde_json::json;
+
+use crate::serve::metrics;
 
 /// Everything a request can fail with.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +124,34 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
+    }
+}
+
+/// A refusal at admission: 503 when smooth predicts the request would be served too late, 429
+/// when a queue bound is full (both with the predicted Retry-After); 400 when retrying cannot
+/// help.
+impl From<Rejection> for ApiError {
+    fn from(r: Rejection) -> Self {
+        let label = metrics::reject_label(r.reason);
+        let message = format!("request rejected at admission ({label}); retry after {:.1} s", r.retry_after_s);
+        match r.reason {
+            RejectReason::PredictedLate => Self::Unavailable { message, retry_after_s: r.retry_after_s },
+            RejectReason::QueueFull | RejectReason::QueueTokens => Self::Overloaded { message, retry_after_s: r.retry_after_s },
+            RejectReason::TooLong | RejectReason::Invalid => Self::invalid(format!("request cannot be served ({label})"), None),
+        }
+    }
+}
+
+impl ApiError {
+    /// The error a choice that ended with `reason` reports instead of a `finish_reason`
+    /// (dropped by drop-late, a failed engine step), or `None` for an ordinary end.
+    pub fn from_finish(reason: FinishReason) -> Option<Self> {
+        match reason {
+            FinishReason::Stop | FinishReason::Length | FinishReason::Abort => None,
+            FinishReason::Dropped => Some(Self::Dropped),
+            FinishReason::Error => Some(Self::Internal("the engine step that carried this request failed".into())),
+            FinishReason::Rejected => Some(Self::Overloaded { message: "rejected".into(), retry_after_s: 1.0 }),
+        }
     }
 }
 

@@ -5,55 +5,18 @@
 
 use std::sync::{Arc, Mutex};
 
-use pace_models::sampler::{Sampler, SamplingParams};
+use pace_models::sampler::Sampler;
 use pace_models::tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
-use pace_scheduler::slo::{Outcome, RequestRecord, SloClass};
+use pace_scheduler::slo::{RequestRecord, SloClass};
 use pace_scheduler::{FinishReason, NewRequest, RequestId, SampledToken};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{StreamExt, StreamMap};
 
 use super::error::ApiError;
+use super::validate::{GenParams, Prompt};
 use crate::serve::engine_thread::{EngineEvent, EngineHandle, SubmitError};
-use crate::serve::metrics::{self, Live, Window};
+use crate::serve::metrics::{self, Live};
 use crate::serve::state::AppState;
-
-/// Validated generation parameters of one HTTP request.
-#[derive(Debug, Clone)]
-pub struct GenParams {
-    /// Choices per prompt.
-    pub n: usize,
-    /// Sampler parameters (the seed is varied per choice).
-    pub sampling: SamplingParams,
-    /// Requested `max_tokens`, if any (else: the room left in the context).
-    pub max_tokens: Option<usize>,
-    /// Stop tokens are ignored before this many outputs.
-    pub min_tokens: usize,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Keep the matched stop string in the output.
-    pub include_stop_str: bool,
-    /// Extra stop token ids (always active).
-    pub stop_token_ids: Vec<u32>,
-    /// Do not stop at the model's end-of-sequence tokens.
-    pub ignore_eos: bool,
-    /// Leave special tokens out of the text.
-    pub skip_special_tokens: bool,
-    /// Stream with SSE.
-    pub stream: bool,
-    /// Send a usage chunk last when streaming.
-    pub include_usage: bool,
-    /// Reading class for the smooth-goodput metrics and scheduler.
-    pub class: SloClass,
-}
-
-/// One prompt, tokenized.
-#[derive(Debug, Clone)]
-pub struct Prompt {
-    /// Token ids.
-    pub tokens: Vec<u32>,
-    /// Text, for echo.
-    pub text: String,
-}
 
 /// Text and tokens for one choice, ready to be written.
 #[derive(Debug, Default)]
@@ -64,17 +27,9 @@ pub struct Frame {
     pub text: String,
     /// Sampled tokens carried by this frame (their logprobs, if asked for).
     pub tokens: Vec<SampledToken>,
-    /// Set on the last frame of the choice: `stop`, `length`, `abort` or an error.
-    pub finish: Option<Finish>,
-}
-
-/// How a choice ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Finish {
-    /// OpenAI's `finish_reason` value.
-    Reason(&'static str),
-    /// A server-side end that is reported as an error (dropped, engine error).
-    Error(ApiError),
+    /// Set on the last frame of the choice: how it ended (a matched stop string is `Stop`).
+    /// Ends that are errors ([`ApiError::from_finish`]) are written as errors.
+    pub finish: Option<FinishReason>,
 }
 
 struct Choice {
@@ -159,25 +114,15 @@ impl Generation {
                             prompt_tokens: prompt.tokens.len(),
                             done: false,
                         });
-                        metrics_prompt_tokens(prompt.tokens.len());
+                        metrics::record_prompt_tokens(prompt.tokens.len());
                     }
                     Err(SubmitError::Rejected(r)) => {
                         // Rejected: nothing was written yet; give back what was admitted.
-                        let label = metrics::reject_label(r.reason);
-                        ::metrics::counter!("pace_requests_rejected_total", "reason" => label).increment(1);
-                        let now = engine.now();
-                        state.window.finish(id, RequestRecord { arrival, token_times: vec![], outcome: Outcome::Rejected, end: now, class: p.class }, prompt.tokens.len(), "rejected");
+                        metrics::record_rejected(metrics::reject_label(r.reason));
+                        let record = RequestRecord { arrival, token_times: vec![], outcome: metrics::outcome(FinishReason::Rejected), end: engine.now(), class: p.class };
+                        state.window.finish(id, record, prompt.tokens.len(), FinishReason::Rejected);
                         drop(gen); // aborts the admitted choices
-                        let message = format!("request rejected at admission ({label}); retry after {:.1} s", r.retry_after_s);
-                        return Err(if r.reason.is_overload() {
-                            if r.reason == pace_scheduler::RejectReason::PredictedLate {
-                                ApiError::Unavailable { message, retry_after_s: r.retry_after_s }
-                            } else {
-                                ApiError::Overloaded { message, retry_after_s: r.retry_after_s }
-                            }
-                        } else {
-                            ApiError::invalid(format!("request cannot be served ({label})"), None)
-                        });
+                        return Err(r.into());
                     }
                     Err(SubmitError::EngineGone) => {
                         drop(gen);
@@ -238,7 +183,7 @@ impl Generation {
                 }
                 Some(Frame { index: c.index, text: out.text, tokens: std::mem::take(&mut c.pending), finish: None })
             }
-            EngineEvent::Finished { reason, time } => {
+            EngineEvent::Finished { reason } => {
                 c.done = true;
                 let mut text = String::new();
                 if !c.stop_hit {
@@ -246,15 +191,8 @@ impl Generation {
                     text.push_str(&c.stop.push(&rest).text);
                     text.push_str(&c.stop.finish());
                 }
-                let finish = match (reason, c.stop_hit) {
-                    (_, true) | (FinishReason::Stop, _) => Finish::Reason("stop"),
-                    (FinishReason::Length, _) => Finish::Reason("length"),
-                    (FinishReason::Abort, _) => Finish::Reason("abort"),
-                    (FinishReason::Dropped, _) => Finish::Error(ApiError::Dropped),
-                    (FinishReason::Error, _) => Finish::Error(ApiError::Internal("the engine step that carried this request failed".into())),
-                    (FinishReason::Rejected, _) => Finish::Error(ApiError::Overloaded { message: "rejected".into(), retry_after_s: 1.0 }),
-                };
-                let _ = time;
+                // The engine says `Stop` for a stop string only once it has heard of it.
+                let finish = if c.stop_hit { FinishReason::Stop } else { reason };
                 Some(Frame { index: c.index, text, tokens: std::mem::take(&mut c.pending), finish: Some(finish) })
             }
         }
@@ -267,18 +205,10 @@ impl Generation {
         if let Ok(mut live) = c.live.lock() {
             live.token_times.extend(std::iter::repeat_n(now, frame.tokens.len()));
         }
-        if let Some(f) = &frame.finish {
-            let (outcome, label) = match f {
-                Finish::Reason("stop") => (Outcome::Completed, "stop"),
-                Finish::Reason("length") => (Outcome::Completed, "length"),
-                Finish::Reason(_) => (Outcome::Aborted, "abort"),
-                Finish::Error(ApiError::Dropped) => (Outcome::Dropped, "dropped"),
-                Finish::Error(_) => (Outcome::Failed, "error"),
-            };
+        if let Some(reason) = frame.finish {
             let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
-            let record = RequestRecord { arrival: c.arrival, token_times, outcome, end: now, class: c.class };
-            log_finished(c.id, &record, c.prompt_tokens, label, &self.state.window);
-            self.state.window.finish(c.id, record, c.prompt_tokens, label);
+            let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: c.class };
+            self.state.window.finish(c.id, record, c.prompt_tokens, reason);
         }
     }
 }
@@ -292,25 +222,9 @@ impl Drop for Generation {
             if !c.done {
                 self.engine.abort(c.id);
                 let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
-                let record = RequestRecord { arrival: c.arrival, token_times, outcome: Outcome::Aborted, end: now, class: c.class };
-                log_finished(c.id, &record, c.prompt_tokens, "abort", &self.state.window);
-                self.state.window.finish(c.id, record, c.prompt_tokens, "abort");
+                let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(FinishReason::Abort), end: now, class: c.class };
+                self.state.window.finish(c.id, record, c.prompt_tokens, FinishReason::Abort);
             }
         }
     }
-}
-
-fn metrics_prompt_tokens(n: usize) {
-    ::metrics::counter!("pace_prompt_tokens_total").increment(n as u64);
-}
-
-fn log_finished(id: RequestId, r: &RequestRecord, prompt_tokens: usize, reason: &str, _w: &Window) {
-    tracing::info!(
-        target: "pace::request",
-        "request {id} finished: reason={reason} prompt_tokens={prompt_tokens} output_tokens={} ttft={} tpot={:.4} idle={:.3}",
-        r.num_tokens(),
-        r.ttft().map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into()),
-        r.tpot(),
-        r.idle_latency()
-    );
 }

@@ -8,22 +8,18 @@ use std::sync::Arc;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use pace_models::tokenizer::Tokenizer;
-use pace_scheduler::SampledToken;
-use serde_json::{json, Value};
+use pace_scheduler::{FinishReason, SampledToken};
+use serde::Serialize;
 
 use super::error::ApiError;
-use super::generation::{Finish, Frame, Generation};
+use super::generation::{Frame, Generation};
+use super::types::{
+    ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionBody, CompletionChoice, CompletionLogprobs, Delta, MessageOut, TokenLogprob, TopLogprob, Usage,
+};
+use super::validate::Endpoint;
 use crate::serve::engine_thread::EngineHandle;
+use crate::serve::metrics;
 use crate::serve::state::InflightGuard;
-
-/// Which endpoint's shapes to write.
-#[derive(Debug, Clone)]
-pub enum Endpoint {
-    /// `/v1/completions`; `echo` holds each prompt's text when echo was asked for.
-    Completion { echo: Option<Vec<String>>, n: usize, logprobs: bool },
-    /// `/v1/chat/completions`.
-    Chat { logprobs: bool },
-}
 
 /// Response metadata.
 #[derive(Debug, Clone)]
@@ -36,6 +32,12 @@ pub struct Meta {
     pub model: String,
 }
 
+impl Meta {
+    fn body<C>(&self, object: &'static str, choices: Vec<C>, usage: Option<Usage>) -> CompletionBody<C> {
+        CompletionBody { id: self.id.clone(), object, created: self.created, model: self.model.clone(), choices, usage }
+    }
+}
+
 fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
 }
@@ -44,63 +46,49 @@ fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
     tok.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default()
 }
 
-/// Chat logprobs content entries for `tokens`.
-fn chat_logprobs(tok: &Tokenizer, tokens: &[SampledToken]) -> Value {
-    let content: Vec<Value> = tokens
+/// Chat logprobs of `tokens`.
+fn chat_logprobs(tok: &Tokenizer, tokens: &[SampledToken]) -> ChatLogprobs {
+    let content = tokens
         .iter()
-        .map(|t| {
-            let top: Vec<Value> = t
-                .top_logprobs
-                .iter()
-                .map(|&(id, lp)| json!({"token": token_text(tok, id), "logprob": lp, "bytes": token_bytes(tok, id)}))
-                .collect();
-            json!({"token": token_text(tok, t.token), "logprob": t.logprob, "bytes": token_bytes(tok, t.token), "top_logprobs": top})
+        .map(|t| TokenLogprob {
+            token: token_text(tok, t.token),
+            logprob: t.logprob,
+            bytes: token_bytes(tok, t.token),
+            top_logprobs: t.top_logprobs.iter().map(|&(id, lp)| TopLogprob { token: token_text(tok, id), logprob: lp, bytes: token_bytes(tok, id) }).collect(),
         })
         .collect();
-    json!({ "content": content })
+    ChatLogprobs { content }
 }
 
-/// Completions logprobs object for `tokens`, text offsets counted from `offset`.
-fn completion_logprobs(tok: &Tokenizer, tokens: &[SampledToken], mut offset: usize) -> Value {
-    let mut texts = Vec::new();
-    let mut lps = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
+/// Completions logprobs of `tokens`, text offsets counted from `offset`.
+fn completion_logprobs(tok: &Tokenizer, tokens: &[SampledToken], mut offset: usize) -> CompletionLogprobs {
+    let mut lp = CompletionLogprobs::default();
     for t in tokens {
         let text = token_text(tok, t.token);
-        offsets.push(offset);
+        lp.text_offset.push(offset);
         offset += text.len();
-        texts.push(text);
-        lps.push(json!(t.logprob));
-        let m: serde_json::Map<String, Value> = t.top_logprobs.iter().map(|&(id, lp)| (token_text(tok, id), json!(lp))).collect();
-        tops.push(Value::Object(m));
+        lp.tokens.push(text);
+        lp.token_logprobs.push(t.logprob);
+        lp.top_logprobs.push(t.top_logprobs.iter().map(|&(id, p)| (token_text(tok, id), p)).collect());
     }
-    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    lp
 }
 
-fn finish_str(f: &Option<Finish>) -> Value {
-    match f {
-        Some(Finish::Reason(r)) => json!(r),
-        Some(Finish::Error(_)) => json!("error"),
-        None => Value::Null,
-    }
+/// OpenAI's `finish_reason` of a choice's last frame.
+fn finish_reason(f: Option<FinishReason>) -> Option<&'static str> {
+    f.map(|r| if ApiError::from_finish(r).is_some() { "error" } else { metrics::finish_label(r) })
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+fn sse<T: Serialize>(body: &T) -> Result<Event, Infallible> {
+    Ok(Event::default().data(serde_json::to_string(body).unwrap_or_default()))
 }
 
 /// Streams the generation as SSE: chunks, then (if asked) one usage chunk with no choices, then
 /// `data: [DONE]`. A server-side end that is an error (dropped, engine failure) becomes an
 /// `{"error": …}` event for that choice.
 pub fn stream(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokenizer>, endpoint: Endpoint, meta: Meta, include_usage: bool, guard: InflightGuard) -> Response {
-    let object = match endpoint {
-        Endpoint::Completion { .. } => "text_completion",
-        Endpoint::Chat { .. } => "chat.completion.chunk",
-    };
     let body = async_stream::stream! {
         let _guard = guard;
-        let chunk = |choices: Value| json!({"id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": choices});
         let mut role_sent = vec![false; gen.num_choices()];
         let mut text_offset = vec![0usize; gen.num_choices()];
         if let Endpoint::Completion { echo: Some(texts), n, .. } = &endpoint {
@@ -108,46 +96,45 @@ pub fn stream(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokenizer>, en
                 for c in 0..*n {
                     let index = pi * n + c;
                     text_offset[index] = text.len();
-                    let choice = json!([{"index": index, "text": text, "logprobs": null, "finish_reason": null}]);
-                    yield Ok::<Event, Infallible>(Event::default().data(chunk(choice).to_string()));
+                    let choice = CompletionChoice { index, text: text.clone(), logprobs: None, finish_reason: None };
+                    yield sse(&meta.body("text_completion", vec![choice], None));
                 }
             }
         }
         while let Some(frame) = gen.next_frame().await {
             let Frame { index, text, tokens, finish } = &frame;
-            if let Some(Finish::Error(e)) = finish {
+            if let Some(e) = finish.and_then(ApiError::from_finish) {
                 let now = engine.now();
                 gen.delivered(&frame, now);
                 let mut body = e.body();
-                body["error"]["index"] = json!(index);
-                yield Ok(Event::default().data(body.to_string()));
+                body["error"]["index"] = serde_json::json!(index);
+                yield sse(&body);
                 continue;
             }
-            let choice = match &endpoint {
+            let data = match &endpoint {
                 Endpoint::Completion { logprobs, .. } => {
-                    let lp = if *logprobs { completion_logprobs(&tok, tokens, text_offset[*index]) } else { Value::Null };
+                    let lp = logprobs.then(|| completion_logprobs(&tok, tokens, text_offset[*index]));
                     text_offset[*index] += text.len();
-                    json!({"index": index, "text": text, "logprobs": lp, "finish_reason": finish_str(finish)})
+                    let choice = CompletionChoice { index: *index, text: text.clone(), logprobs: lp, finish_reason: finish_reason(*finish) };
+                    sse(&meta.body("text_completion", vec![choice], None))
                 }
                 Endpoint::Chat { logprobs } => {
-                    let mut delta = json!({"content": text});
-                    if !role_sent[*index] {
-                        role_sent[*index] = true;
-                        delta["role"] = json!("assistant");
-                    }
-                    let lp = if *logprobs { chat_logprobs(&tok, tokens) } else { Value::Null };
-                    json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_str(finish)})
+                    let role = (!std::mem::replace(&mut role_sent[*index], true)).then_some("assistant");
+                    let lp = logprobs.then(|| chat_logprobs(&tok, tokens));
+                    let choice = ChatChunkChoice { index: *index, delta: Delta { role, content: text.clone() }, logprobs: lp, finish_reason: finish_reason(*finish) };
+                    sse(&meta.body("chat.completion.chunk", vec![choice], None))
                 }
             };
-            let data = chunk(json!([choice])).to_string();
             let now = engine.now();
             gen.delivered(&frame, now);
-            yield Ok(Event::default().data(data));
+            yield data;
         }
         if include_usage {
-            let mut u = chunk(json!([]));
-            u["usage"] = usage(gen.prompt_tokens, gen.completion_tokens());
-            yield Ok(Event::default().data(u.to_string()));
+            let usage = Some(Usage::new(gen.prompt_tokens, gen.completion_tokens()));
+            yield match &endpoint {
+                Endpoint::Completion { .. } => sse(&meta.body::<CompletionChoice>("text_completion", vec![], usage)),
+                Endpoint::Chat { .. } => sse(&meta.body::<ChatChunkChoice>("chat.completion.chunk", vec![], usage)),
+            };
         }
         yield Ok(Event::default().data("[DONE]"));
     };
@@ -160,13 +147,13 @@ pub async fn collect(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokeniz
     let n = gen.num_choices();
     let mut texts = vec![String::new(); n];
     let mut tokens: Vec<Vec<SampledToken>> = vec![Vec::new(); n];
-    let mut finishes: Vec<Option<Finish>> = vec![None; n];
+    let mut finishes: Vec<Option<FinishReason>> = vec![None; n];
     let mut frames = Vec::new();
     while let Some(mut frame) = gen.next_frame().await {
         texts[frame.index].push_str(&frame.text);
         tokens[frame.index].extend(frame.tokens.iter().cloned());
         if frame.finish.is_some() {
-            finishes[frame.index] = frame.finish.clone();
+            finishes[frame.index] = frame.finish;
         }
         frame.text.clear();
         frames.push(frame);
@@ -175,29 +162,33 @@ pub async fn collect(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokeniz
     for f in &frames {
         gen.delivered(f, now);
     }
-    if let Some(Finish::Error(e)) = finishes.iter().flatten().find(|f| matches!(f, Finish::Error(_))) {
-        return Err(e.clone());
+    if let Some(e) = finishes.iter().flatten().find_map(|&r| ApiError::from_finish(r)) {
+        return Err(e);
     }
-    let choices: Vec<Value> = (0..n)
-        .map(|i| match &endpoint {
-            Endpoint::Completion { echo, n: per, logprobs } => {
-                let prefix = echo.as_ref().map(|e| e[i / per].clone()).unwrap_or_default();
-                let lp = if *logprobs { completion_logprobs(&tok, &tokens[i], prefix.len()) } else { Value::Null };
-                json!({"index": i, "text": format!("{prefix}{}", texts[i]), "logprobs": lp, "finish_reason": finish_str(&finishes[i])})
-            }
-            Endpoint::Chat { logprobs } => {
-                let lp = if *logprobs { chat_logprobs(&tok, &tokens[i]) } else { Value::Null };
-                json!({"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": lp, "finish_reason": finish_str(&finishes[i])})
-            }
-        })
-        .collect();
-    let object = match endpoint {
-        Endpoint::Completion { .. } => "text_completion",
-        Endpoint::Chat { .. } => "chat.completion",
+    let usage = Some(Usage::new(gen.prompt_tokens, gen.completion_tokens()));
+    let body = match &endpoint {
+        Endpoint::Completion { echo, n: per, logprobs } => {
+            let choices = (0..n)
+                .map(|i| {
+                    let prefix = echo.as_ref().map(|e| e[i / per].clone()).unwrap_or_default();
+                    let lp = logprobs.then(|| completion_logprobs(&tok, &tokens[i], prefix.len()));
+                    CompletionChoice { index: i, text: format!("{prefix}{}", texts[i]), logprobs: lp, finish_reason: finish_reason(finishes[i]) }
+                })
+                .collect();
+            serde_json::to_value(meta.body("text_completion", choices, usage))
+        }
+        Endpoint::Chat { logprobs } => {
+            let choices = (0..n)
+                .map(|i| ChatChoice {
+                    index: i,
+                    message: MessageOut { role: "assistant", content: std::mem::take(&mut texts[i]) },
+                    logprobs: logprobs.then(|| chat_logprobs(&tok, &tokens[i])),
+                    finish_reason: finish_reason(finishes[i]),
+                })
+                .collect();
+            serde_json::to_value(meta.body("chat.completion", choices, usage))
+        }
     };
-    let body = json!({
-        "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-        "choices": choices, "usage": usage(gen.prompt_tokens, gen.completion_tokens()),
-    });
+    let body = body.map_err(|e| ApiError::Internal(format!("writing the response: {e}")))?;
     Ok(axum::Json(body).into_response())
 }

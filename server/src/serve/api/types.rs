@@ -1,4 +1,7 @@
-//! OpenAI request bodies as the client sends them. Unknown fields are rejected (400 naming the
+//! The OpenAI schema: request bodies as the client sends them, and the response bodies and
+//! stream chunks the server writes (serialised by serde, so the shapes are these types).
+//!
+//! Requests: OpenAI request bodies as the client sends them. Unknown fields are rejected (400 naming the
 //! field), as OpenAI does; fields OpenAI defines that pace does not act on are accepted only in
 //! their harmless forms (see `validate`). Numbers are read wide (`i64`, `f64`) so that a negative
 //! or out-of-range value becomes a 400 naming the parameter, not a serde type error.
@@ -11,7 +14,9 @@
 //! reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is due;
 //! default `--ttft-grace`).
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 /// `prompt` of `/v1/completions`: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, Deserialize)]
@@ -219,4 +224,109 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<i64>,
+}
+
+// ------------------------------------------------------------------------------- responses
+
+/// `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// Usage of `prompt` prompt tokens and `completion` generated ones.
+    pub fn new(prompt: usize, completion: usize) -> Self {
+        Self { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+    }
+}
+
+/// A response body or a stream chunk of either endpoint: `object` is `text_completion`,
+/// `chat.completion` or `chat.completion.chunk`; `C` is the endpoint's choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionBody<C> {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<C>,
+    /// Always on a whole response; on a stream only the last chunk (no choices) carries it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// `/v1/completions` logprobs of a run of tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+/// One choice of a `/v1/completions` response or chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A candidate token and its log-probability (chat).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One generated token's log-probability and the top candidates (chat).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: Option<f32>,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// Chat logprobs of a run of tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+/// The assistant's message in a whole chat response.
+#[derive(Debug, Clone, Serialize)]
+pub struct MessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// One choice of a whole chat response.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: MessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The new text of a chat stream chunk; `role` on a choice's first chunk only.
+#[derive(Debug, Clone, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    pub content: String,
+}
+
+/// One choice of a chat stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
 }

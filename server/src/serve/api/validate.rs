@@ -1,13 +1,216 @@
-//! Request validation: OpenAI bodies become [`GenParams`] once, with every bad value reported as
-//! a 400 naming its parameter, before any expensive work or any response byte.
+//! Request validation, the first stage of the request path: an OpenAI body becomes a
+//! [`ValidRequest`] once (prompts tokenized and templated, generation parameters, the shape of
+//! the response), with every bad value reported as a 400 naming its parameter, before any
+//! expensive work or any response byte. Handlers then only run what this returns.
 
+use pace_models::chat::ChatMessage;
 use pace_models::sampler::SamplingParams;
 use pace_scheduler::slo::SloClass;
 
 use super::error::{context_length_exceeded, ApiError};
-use super::generation::{GenParams, Prompt};
-use super::types::CommonParams;
-use crate::serve::state::ServeConfig;
+use super::types::{ChatRequest, CommonParams, CompletionRequest, Content, MessageIn, PromptInput};
+use crate::serve::state::{Loaded, ServeConfig};
+
+/// Validated generation parameters of one HTTP request.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Choices per prompt.
+    pub n: usize,
+    /// Sampler parameters (the seed is varied per choice).
+    pub sampling: SamplingParams,
+    /// Requested `max_tokens`, if any (else: the room left in the context).
+    pub max_tokens: Option<usize>,
+    /// Stop tokens are ignored before this many outputs.
+    pub min_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep the matched stop string in the output.
+    pub include_stop_str: bool,
+    /// Extra stop token ids (always active).
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: bool,
+    /// Stream with SSE.
+    pub stream: bool,
+    /// Send a usage chunk last when streaming.
+    pub include_usage: bool,
+    /// Reading class for the smooth-goodput metrics and scheduler.
+    pub class: SloClass,
+}
+
+/// One prompt, tokenized.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Text, for echo.
+    pub text: String,
+}
+
+/// Which endpoint's shapes the response is written in.
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    /// `/v1/completions`; `echo` holds each prompt's text when echo was asked for.
+    Completion { echo: Option<Vec<String>>, n: usize, logprobs: bool },
+    /// `/v1/chat/completions`.
+    Chat { logprobs: bool },
+}
+
+/// A completion request, validated: what to generate from, how, and the response's shape.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    /// The prompts (chat: the one rendered conversation).
+    pub prompts: Vec<Prompt>,
+    /// Generation parameters.
+    pub params: GenParams,
+    /// The response's shape.
+    pub endpoint: Endpoint,
+}
+
+impl ValidRequest {
+    /// Validates a `/v1/completions` body.
+    pub fn completion(req: &CompletionRequest, cfg: &ServeConfig, l: &Loaded) -> Result<Self, ApiError> {
+        let common = req.common();
+        let logprobs = match req.logprobs {
+            None => None,
+            Some(v) if v >= 0 => Some(v as usize),
+            Some(v) => return Err(ApiError::param("logprobs", format!("logprobs must be >= 0, got {v}"))),
+        };
+        let params = gen_params(&common, cfg, l.tokenizer.vocab_size(), (common.max_tokens, "max_tokens"), logprobs)?;
+        if req.best_of.is_some_and(|b| b != params.n as i64 && b != 1) {
+            return Err(ApiError::param("best_of", "best_of other than n is not supported"));
+        }
+        if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param("suffix", "suffix is not supported"));
+        }
+        let echo = req.echo.unwrap_or(false);
+        if echo && logprobs.is_some() {
+            return Err(ApiError::param("echo", "echo together with logprobs is not supported"));
+        }
+        let prompts = completion_prompts(&req.prompt, l, req.add_special_tokens.unwrap_or(true), cfg.max_prompts)?;
+        check_lengths(&prompts, &params, l.max_model_len, "prompt")?;
+        let endpoint = Endpoint::Completion { echo: echo.then(|| prompts.iter().map(|p| p.text.clone()).collect()), n: params.n, logprobs: logprobs.is_some() };
+        Ok(Self { prompts, params, endpoint })
+    }
+
+    /// Validates a `/v1/chat/completions` body.
+    pub fn chat(req: &ChatRequest, cfg: &ServeConfig, l: &Loaded) -> Result<Self, ApiError> {
+        let common = req.common();
+        if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::param("tools", "tools are not supported"));
+        }
+        match &req.tool_choice {
+            None => {}
+            Some(v) if v == "none" => {}
+            Some(_) => return Err(ApiError::param("tool_choice", "tool_choice is not supported")),
+        }
+        if let Some(f) = &req.response_format {
+            if f.kind != "text" {
+                return Err(ApiError::param("response_format", format!("response_format '{}' is not supported", f.kind)));
+            }
+        }
+        let want_logprobs = req.logprobs.unwrap_or(false);
+        let top = match req.top_logprobs {
+            None => 0,
+            Some(v) if v >= 0 => v as usize,
+            Some(v) => return Err(ApiError::param("top_logprobs", format!("top_logprobs must be >= 0, got {v}"))),
+        };
+        if top > 0 && !want_logprobs {
+            return Err(ApiError::param("top_logprobs", "top_logprobs requires logprobs to be true"));
+        }
+        let (max_tokens, name) = match req.max_completion_tokens {
+            Some(v) => (Some(v), "max_completion_tokens"),
+            None => (common.max_tokens, "max_tokens"),
+        };
+        let params = gen_params(&common, cfg, l.tokenizer.vocab_size(), (max_tokens, name), want_logprobs.then_some(top))?;
+        let prompts = vec![chat_prompt(l, &req.messages, req.add_generation_prompt.unwrap_or(true))?];
+        check_lengths(&prompts, &params, l.max_model_len, "messages")?;
+        Ok(Self { prompts, params, endpoint: Endpoint::Chat { logprobs: want_logprobs } })
+    }
+}
+
+/// Token ids from a request, each inside the vocabulary (400 naming `param` otherwise).
+pub fn token_ids(ids: &[i64], vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .map(|&t| {
+            if t >= 0 && (t as usize) < vocab {
+                Ok(t as u32)
+            } else {
+                Err(ApiError::param(param, format!("token id {t} is outside the vocabulary (size {vocab})")))
+            }
+        })
+        .collect()
+}
+
+fn completion_prompts(input: &PromptInput, l: &Loaded, add_special: bool, max_prompts: usize) -> Result<Vec<Prompt>, ApiError> {
+    let vocab = l.tokenizer.vocab_size();
+    let from_ids = |ids: &[i64]| -> Result<Prompt, ApiError> {
+        let tokens = token_ids(ids, vocab, "prompt")?;
+        let text = l.tokenizer.decode(&tokens, false).unwrap_or_default();
+        Ok(Prompt { tokens, text })
+    };
+    let from_text = |text: &str| -> Result<Prompt, ApiError> {
+        let tokens = l.tokenizer.encode(text, add_special).map_err(|e| ApiError::param("prompt", e.to_string()))?;
+        Ok(Prompt { tokens, text: text.to_string() })
+    };
+    let prompts: Vec<Prompt> = match input {
+        PromptInput::Text(t) => vec![from_text(t)?],
+        PromptInput::Tokens(ids) => vec![from_ids(ids)?],
+        PromptInput::Texts(ts) => ts.iter().map(|t| from_text(t)).collect::<Result<_, _>>()?,
+        PromptInput::TokenLists(ls) => ls.iter().map(|ids| from_ids(ids)).collect::<Result<_, _>>()?,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::param("prompt", "the prompt list is empty"));
+    }
+    if prompts.len() > max_prompts {
+        return Err(ApiError::param("prompt", format!("at most {max_prompts} prompts per request, got {}", prompts.len())));
+    }
+    Ok(prompts)
+}
+
+/// Flattens OpenAI messages into the template's messages (text content only).
+fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::param("messages", "messages must not be empty"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "user" | "assistant" => m.role.clone(),
+                "developer" => "system".to_string(),
+                other => return Err(ApiError::param(&format!("messages[{i}].role"), format!("unsupported role '{other}' (use system, developer, user or assistant)"))),
+            };
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut s = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => s.push_str(t),
+                            _ => return Err(ApiError::param(&format!("messages[{i}].content[{j}]"), "only text content parts are supported")),
+                        }
+                    }
+                    s
+                }
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// The conversation rendered with the model's chat template and tokenized (also what
+/// `/tokenize` counts for `messages`).
+pub fn chat_prompt(l: &Loaded, messages: &[MessageIn], add_generation_prompt: bool) -> Result<Prompt, ApiError> {
+    let msgs = chat_messages(messages)?;
+    let text = l.template.render(&msgs, add_generation_prompt).map_err(|e| ApiError::param("messages", e.to_string()))?;
+    let tokens = l.tokenizer.encode(&text, false).map_err(|e| ApiError::param("messages", e.to_string()))?;
+    Ok(Prompt { tokens, text })
+}
 
 fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64, lo_open: bool) -> Result<Option<f64>, ApiError> {
     match v {
@@ -30,7 +233,7 @@ pub fn check_model(model: &Option<String>, cfg: &ServeConfig) -> Result<(), ApiE
 
 /// Validates the fields both endpoints share. `max_tokens` is the endpoint's effective value
 /// (chat prefers `max_completion_tokens`); `logprobs` the number of top logprobs asked for.
-pub fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Option<i64>, &str), logprobs: Option<usize>) -> Result<GenParams, ApiError> {
+fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Option<i64>, &str), logprobs: Option<usize>) -> Result<GenParams, ApiError> {
     check_model(&c.model, cfg)?;
     let max_tokens = match max_tokens.0 {
         None => None,
@@ -70,19 +273,7 @@ pub fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens:
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::param("stop", "stop sequences must not be empty"));
     }
-    let stop_token_ids = c
-        .stop_token_ids
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| {
-            if t >= 0 && (t as usize) < vocab {
-                Ok(t as u32)
-            } else {
-                Err(ApiError::param("stop_token_ids", format!("token id {t} is outside the vocabulary (size {vocab})")))
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let stop_token_ids = token_ids(c.stop_token_ids.as_deref().unwrap_or_default(), vocab, "stop_token_ids")?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::param("stream_options", "stream_options is only allowed when stream is true"));
@@ -132,7 +323,7 @@ pub fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens:
 
 /// Checks each prompt against the context: non-empty, shorter than `max_model_len`, and with
 /// room for `max_tokens` after it. `param` names the prompt field (`prompt` or `messages`).
-pub fn check_lengths(prompts: &[Prompt], p: &GenParams, max_model_len: usize, param: &str) -> Result<(), ApiError> {
+fn check_lengths(prompts: &[Prompt], p: &GenParams, max_model_len: usize, param: &str) -> Result<(), ApiError> {
     for prompt in prompts {
         let n = prompt.tokens.len();
         if n == 0 {
