@@ -496,7 +496,11 @@ impl Policy for Smooth {
         let benefit = |idle: f64| n - slo.alpha * slo.penalty.apply(idle);
         let max_loss = self.cfg.admit_max_loss * n;
         let queue_loss = benefit(idle_alone) - benefit(idle);
-        if !closed_loop && (benefit(idle) < 0.0 || (bound && queue_loss > max_loss)) {
+        // A refusal is for the loss that waiting causes: a request that would lose as much
+        // alone on an idle machine (nothing ahead of it) is served, as no policy can do better
+        // for it and turning it away only makes its client come back to the same answer.
+        let waits = queue_loss > 0.0;
+        if !closed_loop && waits && (benefit(idle) < 0.0 || (bound && queue_loss > max_loss)) {
             let base = slo.alpha * slo.penalty.apply(idle_alone);
             let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
             // (An hour at most: a prediction that far out is no promise.)
@@ -766,6 +770,37 @@ mod tests {
         let heavy = seq(3, 0.04, 50, 49, 4.0);
         let d = plan(&[heavy, light, deep], &[], now, Penalty::Linear);
         assert_eq!(d.victims, vec![1, 2, 3], "{d:?}");
+    }
+
+    /// The door refuses for what waiting costs: on an idle server a request that cannot be on
+    /// time even alone (here every step takes 10 s) is served, and the same request behind a
+    /// long queue is refused.
+    #[test]
+    fn an_idle_server_serves_what_it_cannot_serve_on_time() {
+        let cost = StepCostModel::new(CostCoeffs { base_s: 10.0, ..cost().coeffs() });
+        let (lengths, patience, slo) = (LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let mut req = seq(1, 0.0, 64, 0, 1.0);
+        req.max_output = 12;
+        let queue: Vec<SeqView> = (2..22).map(|id| seq(id, 0.0, 400, 0, 1.0)).collect();
+        let ctx = |waiting| PolicyContext {
+            now: 0.0,
+            running: &[],
+            waiting,
+            free_blocks: 1000,
+            total_blocks: 1000,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_batch_tokens: 512,
+            cost: &cost,
+            lengths: &lengths,
+            patience: &patience,
+            last_end: f64::NEG_INFINITY,
+            ends: 0,
+            slo: &slo,
+        };
+        let mut smooth = Smooth::new(SmoothConfig::default());
+        assert!(smooth.admit(&req, &ctx(&[])).is_ok());
+        assert!(smooth.admit(&req, &ctx(&queue)).is_err());
     }
 
     /// A stream already late owes its lateness whether it is preempted or not. Under a 1 s cap,
