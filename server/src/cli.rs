@@ -14,43 +14,43 @@ pub struct EngineArgs {
     /// Model: a .gguf file, a Hugging Face model directory, or dummy:NAME[:f32|f16|bf16|q4|q8].
     /// Default: SmolLM2-135M-Instruct (Q4_1 GGUF), fetched into $PACE_HOME or ~/.cache/pace on
     /// first use.
-    #[arg(long)]
+    #[arg(long, env = "PACE_MODEL")]
     pub model: Option<String>,
     /// Compute device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", env = "PACE_DEVICE")]
     pub device: String,
     /// CPU threads for the model's kernels (default: all cores).
-    #[arg(long)]
+    #[arg(long, env = "PACE_THREADS")]
     pub threads: Option<usize>,
     /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256), env = "PACE_BLOCK_SIZE")]
     pub block_size: u32,
     /// KV-cache blocks (overrides --kv-cache-memory and --gpu-memory-utilization).
-    #[arg(long)]
+    #[arg(long, visible_alias = "num-gpu-blocks-override", env = "PACE_KV_CACHE_BLOCKS")]
     pub kv_cache_blocks: Option<usize>,
     /// Memory for the KV cache, e.g. 2GiB or 512MiB. Default: 2GiB on the CPU; on a GPU, what
     /// --gpu-memory-utilization leaves after the weights and the activations of the largest step.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = parse_bytes, env = "PACE_KV_CACHE_MEMORY")]
     pub kv_cache_memory: Option<u64>,
     /// Share of the GPU's memory pace may take in all (weights, activations, KV cache), as vLLM's
     /// flag: sizes the KV cache on a GPU when neither --kv-cache-blocks nor --kv-cache-memory is
     /// given.
-    #[arg(long, default_value_t = 0.9, value_parser = parse_fraction)]
+    #[arg(long, default_value_t = 0.9, value_parser = parse_fraction, env = "PACE_GPU_MEMORY_UTILIZATION")]
     pub gpu_memory_utilization: f64,
     /// KV-cache element type: auto (f16 on the CPU, bf16 on a GPU), f32, f16 or bf16.
-    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto, env = "PACE_KV_CACHE_DTYPE")]
     pub kv_cache_dtype: KvCacheDtype,
     /// Longest sequence (prompt + output) served; default: the model's context length.
-    #[arg(long)]
+    #[arg(long, env = "PACE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
     /// Most sequences in one step.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, env = "PACE_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
     /// Most tokens in one step (prefill chunks + decodes); default 512 on the CPU, 8192 on a GPU.
-    #[arg(long)]
+    #[arg(long, visible_alias = "max-num-batched-tokens", env = "PACE_MAX_BATCH_TOKENS")]
     pub max_batch_tokens: Option<usize>,
     /// Seed of dummy weights.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "PACE_WEIGHT_SEED")]
     pub weight_seed: u64,
 }
 

@@ -22,67 +22,70 @@ use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
 use crate::cli::EngineArgs;
 use state::{AppState, Loaded, Phase, ServeConfig};
 
-/// Arguments of `pace serve`.
+/// Arguments of `pace serve`. Every flag can also come from the environment variable `--help`
+/// names (`PACE_` and the flag's name; a flag on the command line wins), and vLLM's spellings
+/// of the same knobs are accepted: `--scheduling-policy`, `--max-num-batched-tokens`,
+/// `--num-gpu-blocks-override`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Name the model is served under (repeat for aliases); default: from the model file.
-    #[arg(long = "served-model-name")]
+    #[arg(long = "served-model-name", value_delimiter = ',', env = "PACE_SERVED_MODEL_NAME")]
     pub served_model_name: Vec<String>,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", env = "PACE_HOST")]
     pub host: String,
     /// Port to listen on.
-    #[arg(long, default_value_t = 8000)]
+    #[arg(long, default_value_t = 8000, env = "PACE_PORT")]
     pub port: u16,
     /// Scheduling policy: smooth, fcfs (vLLM-style) or drop-late. Experimental ablations of
     /// smooth, for A/B runs: smooth-no-admission, smooth-no-feed-limit, fcfs-admission, sarathi,
     /// and smooth:KEY=VALUE[:...] with some of its constants set (ARCHITECTURE.md).
-    #[arg(long, default_value = "smooth", value_parser = pace_scheduler::policy::parse_name)]
+    #[arg(long, visible_alias = "scheduling-policy", default_value = "smooth", value_parser = pace_scheduler::policy::parse_name, env = "PACE_SCHEDULER")]
     pub scheduler: String,
     /// Binary SLO for drop-late, attainment and goodput gauges: "ttft:MS tpot:MS [e2el:MS]".
-    #[arg(long, default_value = "ttft:2000 tpot:100", value_parser = parse_slo)]
+    #[arg(long, default_value = "ttft:2000 tpot:100", value_parser = parse_slo, env = "PACE_SLO")]
     pub slo: BinarySlo,
     /// Default reading rate q of users, tokens per second (smooth goodput, smooth scheduler).
-    #[arg(long, default_value_t = 5.0, value_parser = parse_positive)]
+    #[arg(long, default_value_t = 5.0, value_parser = parse_positive, env = "PACE_READING_RATE")]
     pub reading_rate: f64,
     /// Default first-token grace g, seconds.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_non_negative)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_non_negative, env = "PACE_TTFT_GRACE")]
     pub ttft_grace: f64,
     /// Default priority of requests that send none (vLLM's meaning: lower is served first). A
     /// request of priority p weighs 2^-p in smooth goodput and in the smooth scheduler.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true, env = "PACE_DEFAULT_PRIORITY")]
     pub default_priority: i64,
     /// Weight alpha of waiting against output in the benefit n - alpha f(idle).
-    #[arg(long, default_value_t = 2.5, value_parser = parse_non_negative)]
+    #[arg(long, default_value_t = 2.5, value_parser = parse_non_negative, env = "PACE_ALPHA")]
     pub alpha: f64,
     /// Penalty f of idle seconds: linear, capped:SECONDS or quadratic.
-    #[arg(long, default_value = "linear", value_parser = parse_penalty)]
+    #[arg(long, default_value = "linear", value_parser = parse_penalty, env = "PACE_PENALTY")]
     pub penalty: Penalty,
     /// Most requests waiting for admission; beyond it new requests get 429.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, env = "PACE_MAX_QUEUE_REQUESTS")]
     pub max_queue_requests: usize,
     /// Most prompt tokens waiting for admission; beyond it new requests get 429.
-    #[arg(long, default_value_t = 1 << 19)]
+    #[arg(long, default_value_t = 1 << 19, env = "PACE_MAX_QUEUE_TOKENS")]
     pub max_queue_tokens: usize,
     /// API key required on inference routes (repeatable; also PACE_API_KEY, comma separated).
     #[arg(long = "api-key", env = "PACE_API_KEY", value_delimiter = ',', hide_env_values = true)]
     pub api_key: Vec<String>,
     /// Window of the goodput and attainment gauges, seconds.
-    #[arg(long, default_value_t = 60.0, value_parser = parse_positive)]
+    #[arg(long, default_value_t = 60.0, value_parser = parse_positive, env = "PACE_METRICS_WINDOW")]
     pub metrics_window: f64,
     /// Seconds in-flight requests may take to finish after SIGTERM.
-    #[arg(long, default_value_t = 30.0, value_parser = parse_non_negative)]
+    #[arg(long, default_value_t = 30.0, value_parser = parse_non_negative, env = "PACE_DRAIN_TIMEOUT")]
     pub drain_timeout: f64,
     /// Largest request body, bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, env = "PACE_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
     /// Largest `n` (choices per prompt).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, env = "PACE_MAX_N")]
     pub max_n: usize,
     /// Most top logprobs per token.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, env = "PACE_MAX_LOGPROBS")]
     pub max_logprobs: usize,
     /// Test hook: any engine step that feeds this token id panics inside the model step, to
     /// exercise failure handling end to end.
@@ -253,4 +256,41 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
     state.set_ready();
     tracing::info!("ready: serving {} with the {} scheduler", state.model_name(), args.scheduler);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ServeArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    /// vLLM's spellings of the same knobs, and the environment (a flag on the command line wins).
+    #[test]
+    fn vllm_spellings_and_the_environment_set_the_same_knobs() {
+        let a = Cli::try_parse_from(["serve", "--scheduling-policy", "fcfs", "--max-num-batched-tokens", "128", "--num-gpu-blocks-override", "64"])
+            .unwrap()
+            .serve;
+        assert_eq!((a.scheduler.as_str(), a.engine.max_batch_tokens, a.engine.kv_cache_blocks), ("fcfs", Some(128), Some(64)));
+        // SAFETY: no other test of this binary reads or writes these variables.
+        unsafe {
+            std::env::set_var("PACE_MAX_LOGPROBS", "7");
+            std::env::set_var("PACE_SERVED_MODEL_NAME", "a,b");
+        }
+        let from_env = Cli::try_parse_from(["serve"]).unwrap().serve;
+        let flag_wins = Cli::try_parse_from(["serve", "--max-logprobs", "3"]).unwrap().serve;
+        unsafe {
+            std::env::remove_var("PACE_MAX_LOGPROBS");
+            std::env::remove_var("PACE_SERVED_MODEL_NAME");
+        }
+        assert_eq!(from_env.max_logprobs, 7);
+        assert_eq!(from_env.served_model_name, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(flag_wins.max_logprobs, 3);
+        assert!(Cli::try_parse_from(["serve", "--scheduling-policy", "priority"]).is_err());
+    }
 }
