@@ -32,13 +32,6 @@ enum Command {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     // candle's own CPU thread pool spins while it waits; pace's kernels run on rayon's pool,
     // whose workers sleep. Keep candle's elementwise ops on the calling thread.
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
@@ -46,6 +39,17 @@ fn main() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
     let cli = Cli::parse();
+    let (level, quiet) = match &cli.command {
+        Command::Serve(a) => (a.log_level, a.disable_log_requests),
+        _ => (serve::LogLevel::Info, false),
+    };
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = serve::log_filter(rust_log.as_deref(), level, quiet);
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let result = match &cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),

@@ -87,10 +87,48 @@ pub struct ServeArgs {
     /// Most top logprobs per token.
     #[arg(long, default_value_t = 20, env = "PACE_MAX_LOGPROBS")]
     pub max_logprobs: usize,
+    /// Log level of pace's own lines: error, warn, info, debug or trace (RUST_LOG, when set,
+    /// is a full filter and wins).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "PACE_LOG_LEVEL")]
+    pub log_level: LogLevel,
+    /// Leave out the one line per finished request (`pace::request`), as vLLM's flag does.
+    #[arg(long, env = "PACE_DISABLE_LOG_REQUESTS")]
+    pub disable_log_requests: bool,
     /// Test hook: any engine step that feeds this token id panics inside the model step, to
     /// exercise failure handling end to end.
     #[arg(long, hide = true)]
     pub debug_fail_on_token: Option<u32>,
+}
+
+/// `--log-level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// The tracing filter: `RUST_LOG` when set, else `--log-level`; with `--disable-log-requests`,
+/// without the per-request lines either way.
+pub fn log_filter(rust_log: Option<&str>, level: LogLevel, disable_log_requests: bool) -> String {
+    let base = match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => s.to_string(),
+        None => match level {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+        .to_string(),
+    };
+    if disable_log_requests {
+        format!("{base},pace::request=off")
+    } else {
+        base
+    }
 }
 
 fn parse_slo(s: &str) -> Result<BinarySlo, String> {
@@ -292,5 +330,19 @@ mod tests {
         assert_eq!(from_env.served_model_name, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(flag_wins.max_logprobs, 3);
         assert!(Cli::try_parse_from(["serve", "--scheduling-policy", "priority"]).is_err());
+    }
+
+    #[test]
+    fn the_log_filter_takes_rust_log_or_the_level_and_can_drop_request_lines() {
+        use super::{log_filter, LogLevel};
+        assert_eq!(log_filter(None, LogLevel::Warn, false), "warn");
+        assert_eq!(log_filter(Some("pace=debug"), LogLevel::Warn, false), "pace=debug");
+        assert_eq!(log_filter(Some(" "), LogLevel::Info, true), "info,pace::request=off");
+        for f in [log_filter(None, LogLevel::Trace, true), log_filter(Some("info,hyper=warn"), LogLevel::Info, true)] {
+            assert!(tracing_subscriber::EnvFilter::try_new(&f).is_ok(), "{f}");
+        }
+        let a = Cli::try_parse_from(["serve", "--log-level", "debug", "--disable-log-requests"]).unwrap().serve;
+        assert_eq!((a.log_level, a.disable_log_requests), (LogLevel::Debug, true));
+        assert!(Cli::try_parse_from(["serve", "--log-level", "loud"]).is_err());
     }
 }
