@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// Most top logprobs per token.
     #[arg(long, default_value_t = 20, env = "PACE_MAX_LOGPROBS")]
     pub max_logprobs: usize,
+    /// Seed for requests that send none (vLLM's `--seed`): they draw theirs, in the order they
+    /// are admitted, from the sequence this starts, so a restarted server given the same
+    /// requests in the same order samples the same answers. Default: random.
+    #[arg(long, env = "PACE_SEED")]
+    pub seed: Option<u64>,
     /// Log level of pace's own lines: error, warn, info, debug or trace (RUST_LOG, when set,
     /// is a full filter and wins).
     #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "PACE_LOG_LEVEL")]
@@ -191,6 +196,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
         max_queue_requests: args.max_queue_requests.max(1),
         drain_timeout_s: args.drain_timeout,
         unhealthy_after_failures: 3,
+        seed: args.seed,
     };
     let state = Arc::new(AppState::new(config, metrics::Window::new(slo, args.metrics_window), handle));
     Ok((state, slo))

@@ -37,6 +37,9 @@ pub struct ServeConfig {
     pub drain_timeout_s: f64,
     /// Consecutive failed steps after which `/health` reports unhealthy.
     pub unhealthy_after_failures: u32,
+    /// `--seed`: requests that send no seed draw theirs from a sequence this starts, in the
+    /// order they are admitted; `None`: at random.
+    pub seed: Option<u64>,
 }
 
 /// Serving phase.
@@ -82,13 +85,31 @@ pub struct AppState {
     pub inflight: AtomicUsize,
     /// Unix time the server started.
     pub created: u64,
+    /// Unseeded requests so far (the position in the `--seed` sequence).
+    unseeded: std::sync::atomic::AtomicU64,
 }
 
 impl AppState {
     /// New state in the `Loading` phase.
     pub fn new(config: ServeConfig, window: Window, metrics: PrometheusHandle) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        Self { config, phase: AtomicU8::new(Phase::Loading as u8), loaded: OnceLock::new(), window, metrics, inflight: AtomicUsize::new(0), created }
+        Self {
+            config,
+            phase: AtomicU8::new(Phase::Loading as u8),
+            loaded: OnceLock::new(),
+            window,
+            metrics,
+            inflight: AtomicUsize::new(0),
+            created,
+            unseeded: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The seed of the next request that sent none: the `k`-th of the `--seed` sequence
+    /// ([`seed_sequence`]), or `None` without `--seed`.
+    pub fn next_unseeded(&self) -> Option<u64> {
+        let s = self.config.seed?;
+        Some(seed_sequence(s, self.unseeded.fetch_add(1, Ordering::Relaxed)))
     }
 
     /// The current phase.
@@ -132,4 +153,13 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// The `k`-th seed of the sequence `seed` starts (SplitMix64: distinct, well mixed seeds for
+/// consecutive `k`).
+pub fn seed_sequence(seed: u64, k: u64) -> u64 {
+    let mut z = seed.wrapping_add(k.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

@@ -64,7 +64,10 @@ async fn generate(state: &Arc<AppState>, validate: impl FnOnce(&Loaded) -> Resul
     let arrival = l.engine.now();
     let guard = InflightGuard::new(state);
     precheck_queue(state, l)?;
-    let ValidRequest { prompts, params, endpoint } = validate(l)?;
+    let ValidRequest { prompts, mut params, endpoint } = validate(l)?;
+    if params.sampling.seed.is_none() {
+        params.sampling.seed = state.next_unseeded();
+    }
     let gen = Generation::start(state, &l.engine, &l.tokenizer, &prompts, &params, l.max_model_len, arrival).await?;
     let prefix = match endpoint {
         Endpoint::Completion { .. } => "cmpl",

@@ -1,0 +1,48 @@
+//! `--seed` in-process (its own test binary, so no other request moves the sequence): requests
+//! that send no seed take theirs from the sequence `--seed` starts, in the order they are
+//! admitted, so they are reproducible: each answer equals the same request sent with that
+//! sequence's seed.
+
+use axum::body::Body;
+use axum::http::{header, Request};
+use clap::Parser;
+use pace_server::serve::state::seed_sequence;
+use pace_server::serve::{api, in_process, ServeArgs};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unseeded_requests_follow_the_server_seed() {
+    let args = Args::parse_from([
+        "serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "32MiB", "--seed", "7",
+    ]);
+    let state = in_process(&args.serve).expect("in-process server");
+    let complete = |body: Value| {
+        let state = state.clone();
+        async move {
+            let req = Request::post("/v1/completions").header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap();
+            let resp = api::app(state).oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    };
+    let body = json!({"prompt": "Once", "max_tokens": 12, "temperature": 1.0, "ignore_eos": true});
+    // Admitted one after the other: the sequence's first and second seeds.
+    let first = complete(body.clone()).await;
+    let second = complete(body.clone()).await;
+    let with = |k: u64| {
+        let mut b = body.clone();
+        b["seed"] = json!(seed_sequence(7, k));
+        b
+    };
+    assert_eq!(complete(with(0)).await, first);
+    assert_eq!(complete(with(1)).await, second);
+    assert_ne!(first, second, "two seeds of the sequence gave the same 12 tokens at temperature 1");
+}
