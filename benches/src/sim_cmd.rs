@@ -567,25 +567,30 @@ pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
             })
             .collect();
         if markdown {
-            let _ = writeln!(out, "\n| {} |", head.join(" | "));
-            let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
-            for c in &cells {
-                let _ = writeln!(out, "| {} |", c.join(" | "));
-            }
-        } else {
-            let widths: Vec<usize> =
-                (0..head.len()).map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
-            let row = |c: &[String]| {
-                c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}", w = *w + v.len() - v.chars().count())).collect::<Vec<_>>().join("  ")
-            };
-            let _ = writeln!(out, "{}", row(&head.map(String::from)));
-            for c in &cells {
-                let _ = writeln!(out, "{}", row(c));
-            }
+            out.push('\n');
         }
+        write_table(&mut out, &head, &cells, markdown);
         out.push_str(&priority_table(&rows, markdown));
     }
     out
+}
+
+/// One table: Markdown, or plain text with right-aligned columns.
+fn write_table(out: &mut String, head: &[&str], cells: &[Vec<String>], markdown: bool) {
+    if markdown {
+        let _ = writeln!(out, "| {} |", head.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
+        for c in cells {
+            let _ = writeln!(out, "| {} |", c.join(" | "));
+        }
+        return;
+    }
+    let widths: Vec<usize> = (0..head.len()).map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
+    let row = |c: &[String]| c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}", w = *w + v.len() - v.chars().count())).collect::<Vec<_>>().join("  ");
+    let _ = writeln!(out, "{}", row(&head.iter().map(|h| h.to_string()).collect::<Vec<_>>()));
+    for c in cells {
+        let _ = writeln!(out, "{}", row(c));
+    }
 }
 
 /// The per-priority rows of one load's policies (nothing without a priority mix).
@@ -595,11 +600,11 @@ fn priority_table(rows: &[&SummaryLine], markdown: bool) -> String {
         return out;
     }
     let head = ["policy", "priority", "counted", "benefit/req (weighted)", "rejected", "abandoned", "TTFT p99 all", "TPOT p50 served"];
-    let cells: Vec<[String; 8]> = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .flat_map(|l| {
             l.by_priority.iter().map(|p| {
-                [
+                vec![
                     l.policy.clone(),
                     p.priority.to_string(),
                     format!("{:.0}", p.counted),
@@ -612,21 +617,8 @@ fn priority_table(rows: &[&SummaryLine], markdown: bool) -> String {
             })
         })
         .collect();
-    if markdown {
-        let _ = writeln!(out, "\nBy priority:\n\n| {} |", head.join(" | "));
-        let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
-        for c in &cells {
-            let _ = writeln!(out, "| {} |", c.join(" | "));
-        }
-    } else {
-        let _ = writeln!(out, "by priority:");
-        let widths: Vec<usize> = (0..head.len()).map(|i| cells.iter().map(|c| c[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0)).collect();
-        let row = |c: &[String]| c.iter().zip(&widths).map(|(v, w)| format!("{v:>w$}", w = *w + v.len() - v.chars().count())).collect::<Vec<_>>().join("  ");
-        let _ = writeln!(out, "{}", row(&head.map(String::from)));
-        for c in &cells {
-            let _ = writeln!(out, "{}", row(c));
-        }
-    }
+    let _ = writeln!(out, "{}", if markdown { "\nBy priority:\n" } else { "by priority:" });
+    write_table(&mut out, &head, &cells, markdown);
     out
 }
 

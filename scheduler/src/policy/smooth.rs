@@ -668,7 +668,7 @@ fn find<'a>(ctx: &'a PolicyContext<'_>, id: u64) -> &'a SeqView {
 
 #[cfg(test)]
 mod tests {
-    use super::{Loop, Smooth, SmoothConfig};
+    use super::{Smooth, SmoothConfig};
     use crate::cost::{CostCoeffs, StepCostModel};
     use crate::lengths::LengthModel;
     use crate::patience::PatienceModel;
@@ -701,10 +701,14 @@ mod tests {
         }
     }
 
-    fn plan(running: &[SeqView], waiting: &[SeqView], now: f64, penalty: Penalty) -> Decisions {
-        let (cost, lengths, patience) = (cost(), LengthModel::default(), PatienceModel::default());
-        let slo = SloParams { penalty, ..SloParams::default() };
-        let ctx = PolicyContext {
+    /// A context with room to spare (1000 blocks, 256 sequences, 512 tokens a step).
+    fn context<'a>(
+        running: &'a [SeqView],
+        waiting: &'a [SeqView],
+        now: f64,
+        (cost, lengths, patience, slo): (&'a StepCostModel, &'a LengthModel, &'a PatienceModel, &'a SloParams),
+    ) -> PolicyContext<'a> {
+        PolicyContext {
             now,
             running,
             waiting,
@@ -713,13 +717,19 @@ mod tests {
             block_size: 16,
             max_num_seqs: 256,
             max_batch_tokens: 512,
-            cost: &cost,
-            lengths: &lengths,
-            patience: &patience,
+            cost,
+            lengths,
+            patience,
             last_end: f64::NEG_INFINITY,
             ends: 0,
-            slo: &slo,
-        };
+            slo,
+        }
+    }
+
+    fn plan(running: &[SeqView], waiting: &[SeqView], now: f64, penalty: Penalty) -> Decisions {
+        let (cost, lengths, patience) = (cost(), LengthModel::default(), PatienceModel::default());
+        let slo = SloParams { penalty, ..SloParams::default() };
+        let ctx = context(running, waiting, now, (&cost, &lengths, &patience, &slo));
         let mut d = Decisions::default();
         Smooth::new(SmoothConfig::default()).plan(&ctx, &mut d);
         d
@@ -782,22 +792,7 @@ mod tests {
         let mut req = seq(1, 0.0, 64, 0, 1.0);
         req.max_output = 12;
         let queue: Vec<SeqView> = (2..22).map(|id| seq(id, 0.0, 400, 0, 1.0)).collect();
-        let ctx = |waiting| PolicyContext {
-            now: 0.0,
-            running: &[],
-            waiting,
-            free_blocks: 1000,
-            total_blocks: 1000,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_batch_tokens: 512,
-            cost: &cost,
-            lengths: &lengths,
-            patience: &patience,
-            last_end: f64::NEG_INFINITY,
-            ends: 0,
-            slo: &slo,
-        };
+        let ctx = |waiting| context(&[], waiting, 0.0, (&cost, &lengths, &patience, &slo));
         let mut smooth = Smooth::new(SmoothConfig::default());
         assert!(smooth.admit(&req, &ctx(&[])).is_ok());
         assert!(smooth.admit(&req, &ctx(&queue)).is_err());
