@@ -283,6 +283,8 @@ pub struct Scheduler {
     /// The waiting queue changed since `view_waiting` was built (a waiting request's view does
     /// not change while it waits, so an unchanged queue keeps its views).
     waiting_dirty: bool,
+    /// A running request ended since the views were built (it must not count at admission).
+    running_dirty: bool,
     decisions: Decisions,
     /// `expected / actual` output of requests that stopped by themselves, until drained.
     length_errors: Vec<f64>,
@@ -325,6 +327,7 @@ impl Scheduler {
             view_running: Vec::new(),
             view_waiting: Vec::new(),
             waiting_dirty: false,
+            running_dirty: false,
             decisions: Decisions::default(),
             length_errors: Vec::new(),
             cfg,
@@ -458,8 +461,14 @@ impl Scheduler {
             max_lateness: 0.0,
             num_preemptions: 0,
         };
-        // The views are those of the last `schedule` plus the requests added since: at most one
-        // step stale, which is good enough for a prediction and keeps `add` O(1) in the queue.
+        // The views are those of the last `schedule` plus the requests added since (a step
+        // stale at most in their token counts, which keeps a burst of `add`s O(1) each), rebuilt
+        // once a request has ended or left the queue since: a stream that finished or whose
+        // client left must not hold a place in the prediction, and on an idle engine no
+        // `schedule` comes to rebuild them.
+        if self.running_dirty || self.waiting_dirty {
+            self.refresh_views();
+        }
         let (policy, ctx) = self.split_for_policy(now);
         policy.admit(&view, &ctx).or_else(|(reason, retry)| refuse(reason, retry))?;
         self.view_waiting.push(view);
@@ -475,6 +484,7 @@ impl Scheduler {
     }
 
     fn refresh_views(&mut self) {
+        self.running_dirty = false;
         self.view_running.clear();
         for &s in &self.running {
             self.view_running.push(self.slots[s].as_ref().expect("live slot").view());
@@ -708,7 +718,10 @@ impl Scheduler {
         self.free_slots.push(slot);
         self.pool.free_all(&mut r.blocks);
         match r.state {
-            State::Running => self.running.retain(|&s| s != slot),
+            State::Running => {
+                self.running.retain(|&s| s != slot);
+                self.running_dirty = true;
+            }
             State::Waiting => {
                 self.queued_tokens -= r.tokens.len() - r.num_computed;
                 self.waiting.retain(|&s| s != slot);

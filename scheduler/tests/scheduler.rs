@@ -479,3 +479,31 @@ fn the_patience_model_learns_from_clients_who_leave() {
     assert!((m.stays(0.0, left_at + 0.05) - 0.6).abs() < 1e-9);
     assert_eq!(m.stays(left_at + 0.05, left_at + 10.0), 1.0, "no one was seen leaving later");
 }
+
+/// Admission sees the requests that are there now: a stream that ended between steps (its
+/// client left, or it finished in the last step) holds no seat. With one seat, a stream whose
+/// client left mid-answer used to stay in smooth's view of the running batch until the next
+/// `schedule`, which on an idle engine never came: every later request was predicted to wait for
+/// it to finish at its reader's pace and was refused.
+#[test]
+fn smooth_admits_on_an_engine_emptied_by_a_disconnect() {
+    let cfg = SchedulerConfig { max_num_seqs: 1, max_batch_tokens: 64, max_model_len: 512, num_kv_blocks: 200, ..small_cfg() };
+    let mut h = Harness::new(cfg, "smooth");
+    h.add(request(1, 4, 400, 0.0)).unwrap();
+    for _ in 0..5 {
+        h.step(0.01);
+    }
+    assert_eq!(h.sched.stats().running, 1);
+    h.sched.abort(1, h.now).expect("aborted");
+    h.now += 1.0;
+    assert_eq!(h.sched.stats().running, 0);
+    let now = h.now;
+    h.add(request(2, 4, 30, now)).expect("an idle engine admits a request it can serve on time");
+    // The same for a stream that finished in the last step.
+    for _ in 0..40 {
+        h.step(0.01);
+    }
+    assert_eq!(h.sched.stats().running, 0, "request 2 finished");
+    let now = h.now + 1.0;
+    h.add(request(3, 4, 30, now)).expect("admitted after a finish");
+}

@@ -43,12 +43,15 @@ pub struct EngineCore {
     /// Test hook (`--debug-fail-on-token`): a step that feeds this token fails as if the model
     /// had failed, so the failure path can be exercised end to end.
     fail_on_token: Option<u32>,
+    /// Test hook (`--debug-panic-on-token`): a step that feeds this token panics after the model
+    /// step, outside its guard, as a bug in the scheduler would.
+    panic_on_token: Option<u32>,
 }
 
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
     pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
-        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None }
+        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None }
     }
 
     /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).
@@ -60,6 +63,13 @@ impl EngineCore {
     /// Makes every step that feeds `token` fail (a test hook for the failure path).
     pub fn fail_on_token(mut self, token: Option<u32>) -> Self {
         self.fail_on_token = token;
+        self
+    }
+
+    /// Makes every step that feeds `token` panic outside the model step's guard (a test hook for
+    /// the engine thread's supervision).
+    pub fn panic_on_token(mut self, token: Option<u32>) -> Self {
+        self.panic_on_token = token;
         self
     }
 
@@ -116,7 +126,8 @@ impl EngineCore {
         self.scheduler.schedule_into(now, &mut plan);
         let mut report = StepReport { num_tokens: plan.num_tokens(), num_seqs: plan.seqs.len(), ..Default::default() };
         let t0 = Instant::now();
-        let inject = self.fail_on_token.is_some_and(|t| plan.seqs.iter().any(|s| s.tokens.contains(&t)));
+        let feeds = |t: Option<u32>| t.is_some_and(|t| plan.seqs.iter().any(|s| s.tokens.contains(&t)));
+        let (inject, inject_panic) = (feeds(self.fail_on_token), feeds(self.panic_on_token));
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if inject {
                 panic!("injected fault (--debug-fail-on-token)");
@@ -135,17 +146,12 @@ impl EngineCore {
                     self.consecutive_failures = 0;
                 }
                 report.events = self.scheduler.update(&plan, &out, end);
+                if inject_panic {
+                    panic!("injected engine panic (--debug-panic-on-token)");
+                }
             }
             Ok(Err(e)) => report.error = Some(e.to_string()),
-            Err(panic) => {
-                report.error = Some(match panic.downcast_ref::<&str>() {
-                    Some(s) => format!("panic in the model step: {s}"),
-                    None => match panic.downcast_ref::<String>() {
-                        Some(s) => format!("panic in the model step: {s}"),
-                        None => "panic in the model step".to_string(),
-                    },
-                });
-            }
+            Err(panic) => report.error = Some(format!("panic in the model step: {}", panic_message(panic.as_ref()))),
         }
         if report.error.is_some() {
             self.consecutive_failures += 1;
@@ -154,5 +160,16 @@ impl EngineCore {
         self.plan = plan;
         report.length_errors.extend(self.scheduler.drain_length_errors());
         report
+    }
+}
+
+/// The text of a panic's payload.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match panic.downcast_ref::<&str>() {
+        Some(s) => (*s).to_string(),
+        None => match panic.downcast_ref::<String>() {
+            Some(s) => s.clone(),
+            None => "(no message)".to_string(),
+        },
     }
 }

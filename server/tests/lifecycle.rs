@@ -1,6 +1,7 @@
 //! Load, overload and faults against real servers (docs/reliability.md): API keys, client
-//! disconnects, mass timeouts, queue overload, KV exhaustion, a failing step, SIGTERM drain, and
-//! metrics that match what the client measured.
+//! disconnects, mass timeouts, queue overload, KV exhaustion, a failing step, a panicking engine
+//! loop, SIGTERM drain, and metrics that match what the client measured. (Faults that need no
+//! real model or process run in-process, in `faults.rs`.)
 
 mod common;
 
@@ -203,6 +204,17 @@ async fn a_failing_step_fails_only_its_requests_and_health_reflects_repeated_fai
     assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 200);
     let errors = s.metric("pace_requests_total", &["finished_reason=\"error\""]).await;
     assert_eq!(errors, 5.0, "each failed request counted once");
+}
+
+/// A panic in the engine loop outside the model step (`--debug-panic-on-token`): the request is
+/// answered with a 500, then the process exits 1 for its orchestrator to restart it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_engine_loop_answers_then_exits_non_zero() {
+    let s = Server::start(&["--scheduler", "fcfs", "--debug-panic-on-token", "47000"]);
+    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": [504, 47000, 314], "max_tokens": 4})).await;
+    assert_eq!(st, 500, "{v}");
+    assert_eq!(s.wait_exit(Duration::from_secs(30)), Some(1), "exit code 1");
+    assert!(s.log_text().contains("the engine thread panicked"), "{}", s.log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

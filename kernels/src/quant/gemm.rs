@@ -43,15 +43,21 @@ pub fn matmul(w: &QuantMatrix, x: &[f32], t: usize, y: &mut [f32]) {
     if t == 0 {
         return;
     }
-    ACTS.with(|acts| {
-        let mut acts = acts.borrow_mut();
-        quantize_parallel(&mut acts, x, t, w.cols);
+    let mut run = |acts: &mut QuantizedActs| {
+        quantize_parallel(acts, x, t, w.cols);
         #[cfg(target_arch = "x86_64")]
         if w.format == QFormat::Q4 && super::avx2_available() {
             // SAFETY: AVX2 detected; acts holds t x cols values.
             unsafe { super::avx2::pair_acts(&mut acts.qs, t, w.cols) };
         }
-        matmul_quantized(w, &acts, y);
+        matmul_quantized(w, acts, y);
+    };
+    // The caller waits inside rayon while the matmul runs, and may meanwhile steal a job that is
+    // itself a matmul (two engines in one process share the pool): the buffer is then taken,
+    // and that inner matmul uses a fresh one.
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => run(&mut acts),
+        Err(_) => run(&mut QuantizedActs::default()),
     });
 }
 

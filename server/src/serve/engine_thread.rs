@@ -4,6 +4,13 @@
 //! request state. Handlers send it commands (add, abort, stop) over a channel and receive each
 //! request's events on that request's own channel. The thread steps the model while there is
 //! work and sleeps on the command channel otherwise.
+//!
+//! The whole loop is supervised: a panic anywhere in it (the scheduler, command handling, the
+//! bookkeeping after a step; a panic inside the model step is caught closer, by
+//! [`EngineCore::step`], and fails only that step) ends every open request with an error,
+//! refuses the submissions still queued, marks the engine stopped (so `/health` answers 503)
+//! and calls the `on_fatal` hook given to [`spawn`] (`pace serve` exits non-zero from it, for
+//! an orchestrator to restart the process).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -41,10 +48,14 @@ pub struct EngineGauges {
     pub waiting: AtomicUsize,
     /// Requests running.
     pub running: AtomicUsize,
+    /// Requests the engine has finished, for any reason.
+    pub finished: AtomicU64,
     /// Steps that failed in a row.
     pub consecutive_failures: AtomicU32,
     /// Set once the thread has exited.
     pub stopped: AtomicBool,
+    /// Set when it exited by a panic.
+    pub panicked: AtomicBool,
 }
 
 /// A cloneable handle to the engine thread.
@@ -106,13 +117,31 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread.
-pub fn spawn(core: EngineCore, origin: Instant) -> std::io::Result<EngineHandle> {
+/// What the engine thread calls, with the panic's message, after a panic has ended it.
+pub type OnFatal = Box<dyn FnOnce(String) + Send>;
+
+/// Starts the engine thread. `on_fatal` runs on that thread after a panic has ended the loop
+/// and every open request has been told.
+pub fn spawn(core: EngineCore, origin: Instant, on_fatal: Option<OnFatal>) -> std::io::Result<EngineHandle> {
     let (tx, rx) = mpsc::channel();
     let gauges = Arc::new(EngineGauges::default());
     let g = gauges.clone();
     std::thread::Builder::new().name("pace-engine".into()).spawn(move || {
-        EngineLoop { core, rx, channels: HashMap::new(), first_scheduled: HashMap::new(), gauges: g, shutting_down: false }.run();
+        let mut lp = EngineLoop { core, rx, channels: HashMap::new(), first_scheduled: HashMap::new(), gauges: g, shutting_down: false };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lp.run()));
+        if let Err(panic) = result {
+            let msg = crate::engine::panic_message(panic.as_ref());
+            tracing::error!("the engine thread panicked: {msg}; failing every open request");
+            // Health turns red before anyone hears of the failure.
+            lp.gauges.panicked.store(true, Ordering::Release);
+            lp.gauges.stopped.store(true, Ordering::Release);
+            lp.fail_all();
+            // Submissions still queued get `EngineGone` (503) as the receiver goes.
+            drop(lp);
+            if let Some(f) = on_fatal {
+                f(msg);
+            }
+        }
     })?;
     Ok(EngineHandle { tx, origin, next_id: Arc::new(AtomicU64::new(1)), gauges })
 }
@@ -128,7 +157,7 @@ struct EngineLoop {
 }
 
 impl EngineLoop {
-    fn run(mut self) {
+    fn run(&mut self) {
         loop {
             // Idle: sleep on the channel (waking now and then to publish gauges).
             if !self.core.has_work() {
@@ -152,6 +181,15 @@ impl EngineLoop {
         self.gauges.stopped.store(true, Ordering::Release);
     }
 
+    /// After a panic: every open request ends as an error (its handler writes an error event or
+    /// a 500), and the queued commands are dropped.
+    fn fail_all(&mut self) {
+        for (_, tx) in self.channels.drain() {
+            let _ = tx.send(EngineEvent::Finished { reason: FinishReason::Error });
+        }
+        self.first_scheduled.clear();
+    }
+
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Add { req, sampler, events, reply } => {
@@ -160,7 +198,13 @@ impl EngineLoop {
                     Ok(()) => {
                         self.channels.insert(id, events);
                         self.first_scheduled.insert(id, arrival);
-                        let _ = reply.send(Ok(()));
+                        if reply.send(Ok(())).is_err() {
+                            // The client left while admission was being decided: nobody will
+                            // read this request, so it must not queue or run.
+                            if let Some(ev) = self.core.abort(id) {
+                                self.dispatch(ev);
+                            }
+                        }
                     }
                     Err(r) => {
                         let _ = reply.send(Err(r));
@@ -230,6 +274,8 @@ impl EngineLoop {
         let s = self.core.scheduler().stats();
         self.gauges.waiting.store(s.waiting, Ordering::Relaxed);
         self.gauges.running.store(s.running, Ordering::Relaxed);
+        let f = &s.finished;
+        self.gauges.finished.store(f.stop + f.length + f.abort + f.dropped + f.error, Ordering::Relaxed);
         self.gauges.consecutive_failures.store(self.core.consecutive_failures(), Ordering::Relaxed);
         metrics::publish_engine(&s);
     }

@@ -61,6 +61,11 @@ pub fn record_rejected(reason: &'static str) {
     counter!("pace_requests_rejected_total", "reason" => reason).increment(1);
 }
 
+/// A connection closed at accept because `--max-connections` were open.
+pub fn record_connection_refused() {
+    counter!("pace_http_connections_refused_total").increment(1);
+}
+
 /// Prompt tokens of an admitted request.
 pub fn record_prompt_tokens(n: usize) {
     counter!("pace_prompt_tokens_total").increment(n as u64);
@@ -236,6 +241,11 @@ impl Window {
         live
     }
 
+    /// Requests registered by [`Window::start`] and not yet finished.
+    pub fn live_count(&self) -> usize {
+        self.live.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
     /// Records a finished (or rejected) request: its log line, histograms, counters and the
     /// window. The record's outcome is [`outcome`] of `reason`.
     pub fn finish(&self, id: u64, record: RequestRecord, prompt_tokens: usize, reason: FinishReason) {
@@ -290,10 +300,7 @@ impl Window {
         gauge!("pace_smooth_goodput_per_second").set(stats.smooth_goodput);
         gauge!("pace_slo_attainment_ratio").set(stats.attainment);
         let worst = match self.live.lock() {
-            Ok(m) => m
-                .values()
-                .filter_map(|l| l.lock().ok().map(|l| idle_latency(l.arrival, &l.token_times, l.class, Some(now))))
-                .fold(0.0f64, f64::max),
+            Ok(m) => m.values().filter_map(|l| l.lock().ok().map(|l| idle_latency(l.arrival, &l.token_times, l.class, Some(now)))).fold(0.0f64, f64::max),
             Err(_) => 0.0,
         };
         gauge!("pace_inflight_max_idle_latency_seconds").set(worst);

@@ -3,10 +3,13 @@
 //! Start-up binds the port first and answers `/health` with 503 while the model loads on another
 //! thread; then the engine thread starts and the phase becomes `Ready`. SIGTERM or SIGINT moves
 //! to `Draining`: new requests get 503, in-flight ones run to completion for up to
-//! `--drain-timeout` seconds, and the process exits 0.
+//! `--drain-timeout` seconds, and the process exits 0. A panic while loading, or one that ends
+//! the engine thread, exits 1 (after the open requests have been answered with errors), so that
+//! an orchestrator restarts the process rather than keep a server that cannot serve.
 
 pub mod api;
 pub mod engine_thread;
+pub mod listen;
 pub mod metrics;
 pub mod state;
 
@@ -81,12 +84,32 @@ pub struct ServeArgs {
     /// Largest request body, bytes.
     #[arg(long, default_value_t = 4 << 20, env = "PACE_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
+    /// Seconds a connection has to send a request's headers, counted from its opening or from
+    /// its previous response (so it also closes idle keep-alive connections).
+    #[arg(long, default_value_t = 15.0, value_parser = parse_positive, env = "PACE_HEADER_TIMEOUT")]
+    pub header_timeout: f64,
+    /// Seconds a request has to send its body once the headers are in; then 408.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_positive, env = "PACE_BODY_TIMEOUT")]
+    pub body_timeout: f64,
+    /// Most open connections; new ones beyond it are closed at once.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), env = "PACE_MAX_CONNECTIONS")]
+    pub max_connections: u32,
+    /// Seconds of silence after which a stream gets an SSE comment (`: keep-alive`), so proxies
+    /// do not cut a stream whose request waits in the queue; 0 sends none.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_non_negative, env = "PACE_SSE_KEEPALIVE")]
+    pub sse_keepalive: f64,
     /// Largest `n` (choices per prompt).
     #[arg(long, default_value_t = 16, env = "PACE_MAX_N")]
     pub max_n: usize,
     /// Most top logprobs per token.
     #[arg(long, default_value_t = 20, env = "PACE_MAX_LOGPROBS")]
     pub max_logprobs: usize,
+    /// Most output tokens one request may ask for over all its choices (n x prompts x
+    /// max_tokens): more is a 400 naming max_tokens; a request that sends no max_tokens has its
+    /// default (the room left in the context) cut to fit. Bounds what one request can make the
+    /// server generate and hold.
+    #[arg(long, default_value_t = 1 << 18, env = "PACE_MAX_REQUEST_OUTPUT_TOKENS")]
+    pub max_request_output_tokens: usize,
     /// Seed for requests that send none (vLLM's `--seed`): they draw theirs, in the order they
     /// are admitted, from the sequence this starts, so a restarted server given the same
     /// requests in the same order samples the same answers. Default: random.
@@ -103,6 +126,10 @@ pub struct ServeArgs {
     /// exercise failure handling end to end.
     #[arg(long, hide = true)]
     pub debug_fail_on_token: Option<u32>,
+    /// Test hook: any engine step that feeds this token id panics in the engine loop, outside
+    /// the model step's guard, to exercise the engine thread's supervision.
+    #[arg(long, hide = true)]
+    pub debug_panic_on_token: Option<u32>,
 }
 
 /// `--log-level`.
@@ -161,7 +188,9 @@ fn parse_non_negative(s: &str) -> Result<f64, String> {
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn run(args: &ServeArgs) -> Result<()> {
     let (state, slo) = prepare(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("pace-http").enable_all().build()?;
+    // Two async workers; request preparation (tokenizing, templates) runs on a small blocking
+    // pool beside them.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(8).thread_name("pace-http").enable_all().build()?;
     rt.block_on(serve(args.clone(), state, slo))
 }
 
@@ -171,7 +200,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// ends.
 pub fn in_process(args: &ServeArgs) -> Result<Arc<AppState>> {
     let (state, slo) = prepare(args)?;
-    load(args, &state, slo)?;
+    load(args, &state, slo, None)?;
     Ok(state)
 }
 
@@ -182,14 +211,23 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     if args.api_key.iter().any(|k| k.is_empty()) {
         bail!("--api-key must not be empty");
     }
-    let slo = SloParams { alpha: args.alpha, penalty: args.penalty, binary: args.slo, default_class: SloClass { weight: SloClass::priority_weight(args.default_priority), ..SloClass::new(args.reading_rate, args.ttft_grace) } };
+    let slo = SloParams {
+        alpha: args.alpha,
+        penalty: args.penalty,
+        binary: args.slo,
+        default_class: SloClass { weight: SloClass::priority_weight(args.default_priority), ..SloClass::new(args.reading_rate, args.ttft_grace) },
+    };
     let handle = metrics::install(&names[0], &args.scheduler, &slo)?;
     let config = ServeConfig {
         served_model_names: names,
         api_keys: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
+        body_timeout_s: args.body_timeout,
+        sse_keepalive_s: args.sse_keepalive,
         max_n: args.max_n.max(1),
         max_stop: 16,
+        max_stop_bytes: 1024,
+        max_request_output_tokens: args.max_request_output_tokens.max(1),
         max_logprobs: args.max_logprobs,
         max_prompts: 64,
         default_class: slo.default_class,
@@ -207,14 +245,25 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     tracing::info!("listening on http://{addr} (/health answers 503 until the model is loaded)");
 
+    // The engine thread's death (a panic) wakes this task, which answers what it can and exits.
+    let fatal = Arc::new(tokio::sync::Notify::new());
+    let on_fatal: engine_thread::OnFatal = {
+        let fatal = fatal.clone();
+        Box::new(move |_msg| fatal.notify_one())
+    };
+    let limits = listen::ConnLimits { header_timeout: Duration::from_secs_f64(args.header_timeout), max_connections: args.max_connections as usize };
     let loader_state = state.clone();
     std::thread::Builder::new().name("pace-loader".into()).spawn(move || {
-        if let Err(e) = load(&args, &loader_state, slo) {
-            tracing::error!("loading failed: {e:#}");
-            loader_state.set_phase(Phase::Failed);
-            // A server that cannot serve should not look alive to an orchestrator.
-            std::process::exit(1);
-        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(&args, &loader_state, slo, Some(on_fatal))));
+        let err = match result {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(panic) => format!("panic: {}", crate::engine::panic_message(panic.as_ref())),
+        };
+        tracing::error!("loading failed: {err}");
+        loader_state.set_phase(Phase::Failed);
+        // A server that cannot serve should not look alive to an orchestrator.
+        std::process::exit(1);
     })?;
 
     let gauges_state = state.clone();
@@ -230,14 +279,26 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
 
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown_state = state.clone();
-    let server = axum::serve(listener, api::app(state.clone())).with_graceful_shutdown(async move {
+    let shutdown = async move {
         drain(&shutdown_state).await;
         let _ = drained_tx.send(());
-    });
-    let server = tokio::spawn(async move { server.await });
-    // Once drained, give open connections a moment to close, then leave.
-    let _ = drained_rx.await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    };
+    let server = tokio::spawn(listen::serve(listener, api::app(state.clone()), limits, shutdown, Duration::from_secs(2)));
+    tokio::select! {
+        // Once drained, give open connections a moment to close, then leave.
+        _ = drained_rx => {
+            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        }
+        // The engine thread died: every open request has been ended with an error; give their
+        // handlers a moment to write it, then exit non-zero.
+        _ = fatal.notified() => {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while state.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            bail!("the engine thread panicked (see the error above); exiting so that the process is restarted");
+        }
+    }
     if let Some(l) = state.loaded.get() {
         l.engine.shutdown();
     }
@@ -277,8 +338,9 @@ async fn drain(state: &Arc<AppState>) {
     }
 }
 
-/// Loads the model, builds the engine and marks the server ready.
-fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
+/// Loads the model, builds the engine and marks the server ready. `on_fatal` runs if a panic
+/// ends the engine thread.
+fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Option<engine_thread::OnFatal>) -> Result<()> {
     let loaded = args.engine.load()?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let origin = Instant::now();
@@ -288,8 +350,8 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams) -> Result<()> {
         c.max_queue_requests = queue.0.max(1);
         c.max_queue_tokens = queue.1.max(1);
     })?;
-    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token);
-    let engine = engine_thread::spawn(core, origin)?;
+    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token).panic_on_token(args.debug_panic_on_token);
+    let engine = engine_thread::spawn(core, origin, on_fatal)?;
     let ok = state
         .loaded
         .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone() })
@@ -317,9 +379,8 @@ mod tests {
     /// vLLM's spellings of the same knobs, and the environment (a flag on the command line wins).
     #[test]
     fn vllm_spellings_and_the_environment_set_the_same_knobs() {
-        let a = Cli::try_parse_from(["serve", "--scheduling-policy", "fcfs", "--max-num-batched-tokens", "128", "--num-gpu-blocks-override", "64"])
-            .unwrap()
-            .serve;
+        let a =
+            Cli::try_parse_from(["serve", "--scheduling-policy", "fcfs", "--max-num-batched-tokens", "128", "--num-gpu-blocks-override", "64"]).unwrap().serve;
         assert_eq!((a.scheduler.as_str(), a.engine.max_batch_tokens, a.engine.kv_cache_blocks), ("fcfs", Some(128), Some(64)));
         // SAFETY: no other test of this binary reads or writes these variables.
         unsafe {

@@ -21,10 +21,19 @@ pub struct ServeConfig {
     pub api_keys: Vec<String>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
+    /// Seconds a client has to send a request's body once its headers are in.
+    pub body_timeout_s: f64,
+    /// Seconds of silence before a stream gets an SSE keep-alive comment (0: never).
+    pub sse_keepalive_s: f64,
     /// Largest `n`.
     pub max_n: usize,
     /// Most stop strings per request.
     pub max_stop: usize,
+    /// Longest stop string, bytes.
+    pub max_stop_bytes: usize,
+    /// Most output tokens one request may ask for, over all its choices (`n` times the prompts
+    /// times `max_tokens`); a request that sends no `max_tokens` has its default cut to fit.
+    pub max_request_output_tokens: usize,
     /// Most top logprobs per token.
     pub max_logprobs: usize,
     /// Most prompts in one completions request.

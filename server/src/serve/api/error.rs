@@ -18,6 +18,8 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     /// The body is over the size limit (413).
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive within `--body-timeout` seconds (408).
+    RequestTimeout { seconds: f64 },
     /// Missing or wrong API key (401).
     Unauthorized,
     /// The `model` field names no served model (404).
@@ -53,6 +55,7 @@ impl ApiError {
             Self::Invalid { .. } => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound(_) | Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -66,9 +69,13 @@ impl ApiError {
     /// OpenAI's `error.type`.
     fn kind(&self) -> &'static str {
         match self {
-            Self::Invalid { .. } | Self::UnsupportedMediaType(_) | Self::PayloadTooLarge { .. } | Self::ModelNotFound(_) | Self::NotFound(_) | Self::MethodNotAllowed => {
-                "invalid_request_error"
-            }
+            Self::Invalid { .. }
+            | Self::UnsupportedMediaType(_)
+            | Self::PayloadTooLarge { .. }
+            | Self::RequestTimeout { .. }
+            | Self::ModelNotFound(_)
+            | Self::NotFound(_)
+            | Self::MethodNotAllowed => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::Overloaded { .. } => "rate_limit_error",
             Self::Unavailable { .. } => "service_unavailable_error",
@@ -80,26 +87,17 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let (message, param, code): (String, Option<String>, Option<&str>) = match self {
             Self::Invalid { message, param, code } => (message.clone(), param.clone(), *code),
-            Self::UnsupportedMediaType(ct) => {
-                (format!("Content-Type must be application/json, got '{ct}'"), None, Some("unsupported_media_type"))
-            }
-            Self::PayloadTooLarge { limit } => {
-                (format!("request body is larger than the {limit}-byte limit"), None, Some("payload_too_large"))
-            }
+            Self::UnsupportedMediaType(ct) => (format!("Content-Type must be application/json, got '{ct}'"), None, Some("unsupported_media_type")),
+            Self::PayloadTooLarge { limit } => (format!("request body is larger than the {limit}-byte limit"), None, Some("payload_too_large")),
+            Self::RequestTimeout { seconds } => (format!("the request body did not arrive within {seconds} s"), None, Some("request_timeout")),
             Self::Unauthorized => ("missing or invalid API key".into(), None, Some("invalid_api_key")),
-            Self::ModelNotFound(m) => {
-                (format!("The model `{m}` does not exist."), Some("model".into()), Some("model_not_found"))
-            }
+            Self::ModelNotFound(m) => (format!("The model `{m}` does not exist."), Some("model".into()), Some("model_not_found")),
             Self::NotFound(p) => (format!("no route for {p}"), None, Some("not_found")),
             Self::MethodNotAllowed => ("method not allowed for this route".into(), None, Some("method_not_allowed")),
             Self::Overloaded { message, .. } => (message.clone(), None, Some("overloaded")),
             Self::Unavailable { message, .. } => (message.clone(), None, Some("unavailable")),
             Self::Internal(m) => (m.clone(), None, Some("internal_error")),
-            Self::Dropped => (
-                "the request missed its SLO and was dropped by the drop-late scheduler".into(),
-                None,
-                Some("dropped"),
-            ),
+            Self::Dropped => ("the request missed its SLO and was dropped by the drop-late scheduler".into(), None, Some("dropped")),
         };
         json!({ "error": { "message": message, "type": self.kind(), "param": param, "code": code } })
     }

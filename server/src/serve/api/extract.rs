@@ -1,5 +1,5 @@
 //! `ApiJson<T>`: the body extractor of every JSON route. Checks the Content-Type (415), reads the
-//! body under the size limit (413), parses it (400 for malformed JSON or a body that is not an
+//! body under the size limit (413) and the time limit (408), parses it (400 for malformed JSON or a body that is not an
 //! object) and deserializes it, turning serde's errors into a 400 that names the parameter.
 
 use std::sync::Arc;
@@ -24,17 +24,22 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for ApiJson<T> {
             return Err(ApiError::UnsupportedMediaType(ct));
         }
         let limit = state.config.max_body_bytes;
-        let bytes = axum::body::to_bytes(req.into_body(), limit)
-            .await
-            .map_err(|_| ApiError::PayloadTooLarge { limit })?;
+        let seconds = state.config.body_timeout_s;
+        let read = axum::body::to_bytes(req.into_body(), limit);
+        let bytes = match tokio::time::timeout(std::time::Duration::from_secs_f64(seconds), read).await {
+            Err(_) => return Err(ApiError::RequestTimeout { seconds }),
+            Ok(Ok(b)) => b,
+            // axum wraps http-body-util's `LengthLimitError`; anything else is a broken upload.
+            Ok(Err(e)) if format!("{e:#}").contains("length limit") => return Err(ApiError::PayloadTooLarge { limit }),
+            Ok(Err(e)) => return Err(ApiError::invalid(format!("reading the request body failed: {e}"), None)),
+        };
         parse_body(&bytes).map(ApiJson)
     }
 }
 
 /// Parses a request body (exposed for tests and fuzzing).
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::invalid("the request body must be a JSON object", None));
     }

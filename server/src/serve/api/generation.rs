@@ -45,7 +45,10 @@ struct Choice {
     arrival: f64,
     class: SloClass,
     prompt_tokens: usize,
+    /// The engine has finished it.
     done: bool,
+    /// Its record has gone to the metrics (at its last frame's delivery, or when dropped).
+    recorded: bool,
 }
 
 /// A running generation: every choice of one HTTP request.
@@ -64,7 +67,15 @@ pub struct Generation {
 impl Generation {
     /// Submits `prompts.len() * n` requests. All are admitted or none: on a rejection the others
     /// are aborted and the rejection is returned (as 429/503 with Retry-After).
-    pub async fn start(state: &Arc<AppState>, engine: &EngineHandle, tokenizer: &Arc<Tokenizer>, prompts: &[Prompt], p: &GenParams, max_model_len: usize, arrival: f64) -> Result<Self, ApiError> {
+    pub async fn start(
+        state: &Arc<AppState>,
+        engine: &EngineHandle,
+        tokenizer: &Arc<Tokenizer>,
+        prompts: &[Prompt],
+        p: &GenParams,
+        max_model_len: usize,
+        arrival: f64,
+    ) -> Result<Self, ApiError> {
         let mut gen = Generation {
             engine: engine.clone(),
             state: state.clone(),
@@ -80,7 +91,7 @@ impl Generation {
         }
         for (pi, prompt) in prompts.iter().enumerate() {
             let room = max_model_len.saturating_sub(prompt.tokens.len());
-            let max_tokens = p.max_tokens.unwrap_or(room).min(room).max(1);
+            let max_tokens = p.max_tokens.unwrap_or(p.default_max_tokens).min(room).max(1);
             for c in 0..p.n {
                 let index = pi * p.n + c;
                 let mut sampling = p.sampling.clone();
@@ -113,13 +124,20 @@ impl Generation {
                             class: p.class,
                             prompt_tokens: prompt.tokens.len(),
                             done: false,
+                            recorded: false,
                         });
                         metrics::record_prompt_tokens(prompt.tokens.len());
                     }
                     Err(SubmitError::Rejected(r)) => {
                         // Rejected: nothing was written yet; give back what was admitted.
                         metrics::record_rejected(metrics::reject_label(r.reason));
-                        let record = RequestRecord { arrival, token_times: vec![], outcome: metrics::outcome(FinishReason::Rejected), end: engine.now(), class: p.class };
+                        let record = RequestRecord {
+                            arrival,
+                            token_times: vec![],
+                            outcome: metrics::outcome(FinishReason::Rejected),
+                            end: engine.now(),
+                            class: p.class,
+                        };
                         state.window.finish(id, record, prompt.tokens.len(), FinishReason::Rejected);
                         drop(gen); // aborts the admitted choices
                         return Err(r.into());
@@ -144,11 +162,18 @@ impl Generation {
         self.choices.iter().map(|c| c.num_tokens).sum()
     }
 
-    /// The next frame, or `None` when every choice has finished.
+    /// The next frame, or `None` when every choice has finished. A choice whose channel closed
+    /// without a finish (the engine thread is gone) ends as an error.
     pub async fn next_frame(&mut self) -> Option<Frame> {
         loop {
-            let (index, ev) = self.streams.next().await?;
-            let Some(ci) = self.choices.iter().position(|c| c.index == index) else { continue };
+            let Some((index, ev)) = self.streams.next().await else {
+                let c = self.choices.iter_mut().find(|c| !c.done)?;
+                c.done = true;
+                return Some(Frame { index: c.index, text: String::new(), tokens: std::mem::take(&mut c.pending), finish: Some(FinishReason::Error) });
+            };
+            let Some(ci) = self.choices.iter().position(|c| c.index == index) else {
+                continue;
+            };
             if let Some(frame) = self.on_event(ci, ev) {
                 return Some(frame);
             }
@@ -201,26 +226,33 @@ impl Generation {
     /// Marks a frame written at engine time `now`: its tokens are delivered then. When it is
     /// the choice's last frame, the request's record goes to the metrics.
     pub fn delivered(&mut self, frame: &Frame, now: f64) {
-        let Some(c) = self.choices.iter_mut().find(|c| c.index == frame.index) else { return };
+        let Some(c) = self.choices.iter_mut().find(|c| c.index == frame.index) else {
+            return;
+        };
         if let Ok(mut live) = c.live.lock() {
             live.token_times.extend(std::iter::repeat_n(now, frame.tokens.len()));
         }
         if let Some(reason) = frame.finish {
-            let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
-            let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: c.class };
-            self.state.window.finish(c.id, record, c.prompt_tokens, reason);
+            if !std::mem::replace(&mut c.recorded, true) {
+                let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
+                let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: c.class };
+                self.state.window.finish(c.id, record, c.prompt_tokens, reason);
+            }
         }
     }
 }
 
 impl Drop for Generation {
-    /// The client is gone (or the request ended): abort whatever has not finished. Requests
-    /// that never reached the end are recorded as aborted.
+    /// The client is gone (or the request ended): abort whatever has not finished. Choices whose
+    /// end never reached the client are recorded as aborted, those the engine had already
+    /// finished included (a non-streaming response whose client left after one of its choices).
     fn drop(&mut self) {
         let now = self.engine.now();
-        for c in &self.choices {
+        for c in &mut self.choices {
             if !c.done {
                 self.engine.abort(c.id);
+            }
+            if !std::mem::replace(&mut c.recorded, true) {
                 let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
                 let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(FinishReason::Abort), end: now, class: c.class };
                 self.state.window.finish(c.id, record, c.prompt_tokens, FinishReason::Abort);

@@ -15,7 +15,7 @@ use super::respond::{self, Meta};
 use super::types::{ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest};
 use super::validate::{chat_prompt, check_model, token_ids, Endpoint, ValidRequest};
 use crate::serve::metrics;
-use crate::serve::state::{AppState, InflightGuard, Loaded, Phase};
+use crate::serve::state::{AppState, InflightGuard, Loaded, Phase, ServeConfig};
 
 /// The loaded model, or 503 while loading or draining.
 fn ready(state: &AppState) -> Result<&Loaded, ApiError> {
@@ -49,22 +49,41 @@ fn random_id(prefix: &str) -> String {
 
 /// `POST /v1/completions`.
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    generate(&state, |l| ValidRequest::completion(&req, &state.config, l)).await
+    generate(&state, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    generate(&state, |l| ValidRequest::chat(&req, &state.config, l)).await
+    generate(&state, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
+}
+
+/// Runs CPU-heavy request work (tokenization, chat templates) on tokio's blocking pool, so the
+/// async workers (two on a 2-core machine) keep answering `/health` and streaming tokens.
+async fn off_the_workers<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce(&ServeConfig, &Loaded) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || match state.loaded.get() {
+        Some(l) => work(&state.config, l),
+        None => Err(ApiError::Unavailable { message: "the model is loading".into(), retry_after_s: 5.0 }),
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("request preparation failed: {e}")))?
 }
 
 /// The path every completion request takes: ready, counted in flight, the queue pre-check,
-/// validation, admission of every choice, then the response (streamed or collected).
-async fn generate(state: &Arc<AppState>, validate: impl FnOnce(&Loaded) -> Result<ValidRequest, ApiError>) -> Result<Response, ApiError> {
+/// validation (off the async workers), admission of every choice, then the response (streamed
+/// or collected).
+async fn generate(
+    state: &Arc<AppState>,
+    validate: impl FnOnce(&ServeConfig, &Loaded) -> Result<ValidRequest, ApiError> + Send + 'static,
+) -> Result<Response, ApiError> {
     let l = ready(state)?;
     let arrival = l.engine.now();
     let guard = InflightGuard::new(state);
     precheck_queue(state, l)?;
-    let ValidRequest { prompts, mut params, endpoint } = validate(l)?;
+    let ValidRequest { prompts, mut params, endpoint } = off_the_workers(state, validate).await?;
     if params.sampling.seed.is_none() {
         params.sampling.seed = state.next_unseeded();
     }
@@ -75,7 +94,7 @@ async fn generate(state: &Arc<AppState>, validate: impl FnOnce(&Loaded) -> Resul
     };
     let meta = Meta { id: random_id(prefix), created: now_unix(), model: state.model_name().to_string() };
     if params.stream {
-        Ok(respond::stream(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta, params.include_usage, guard))
+        Ok(respond::stream(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta, params.include_usage, guard, state.config.sse_keepalive_s))
     } else {
         let r = respond::collect(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta).await;
         drop(guard);
@@ -101,22 +120,29 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 
 /// `POST /tokenize`: `{"prompt": "..."}` or `{"messages": [...]}` → `{"tokens", "count", "max_model_len"}`.
 pub async fn tokenize(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<TokenizeRequest>) -> Result<Response, ApiError> {
-    let l = ready(&state)?;
+    ready(&state)?;
     check_model(&req.model, &state.config)?;
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => l.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true)).map_err(|e| ApiError::param("prompt", e.to_string()))?,
-        (None, Some(m)) => chat_prompt(l, m, req.add_generation_prompt.unwrap_or(true))?.tokens,
-        _ => return Err(ApiError::param("prompt", "give exactly one of 'prompt' or 'messages'")),
-    };
-    Ok(axum::Json(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": l.max_model_len})).into_response())
+    let (tokens, max_model_len) = off_the_workers(&state, move |_, l| {
+        let tokens = match (&req.prompt, &req.messages) {
+            (Some(p), None) => l.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true)).map_err(|e| ApiError::param("prompt", e.to_string()))?,
+            (None, Some(m)) => chat_prompt(l, m, req.add_generation_prompt.unwrap_or(true))?.tokens,
+            _ => return Err(ApiError::param("prompt", "give exactly one of 'prompt' or 'messages'")),
+        };
+        Ok((tokens, l.max_model_len))
+    })
+    .await?;
+    Ok(axum::Json(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": max_model_len})).into_response())
 }
 
 /// `POST /detokenize`: `{"tokens": [...]}` → `{"prompt": "..."}`.
 pub async fn detokenize(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<DetokenizeRequest>) -> Result<Response, ApiError> {
-    let l = ready(&state)?;
+    ready(&state)?;
     check_model(&req.model, &state.config)?;
-    let ids = token_ids(&req.tokens, l.tokenizer.vocab_size(), "tokens")?;
-    let prompt = l.tokenizer.decode(&ids, false).map_err(|e| ApiError::param("tokens", e.to_string()))?;
+    let prompt = off_the_workers(&state, move |_, l| {
+        let ids = token_ids(&req.tokens, l.tokenizer.vocab_size(), "tokens")?;
+        l.tokenizer.decode(&ids, false).map_err(|e| ApiError::param("tokens", e.to_string()))
+    })
+    .await?;
     Ok(axum::Json(json!({"prompt": prompt})).into_response())
 }
 

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use pace_models::tokenizer::Tokenizer;
 use pace_scheduler::{FinishReason, SampledToken};
@@ -86,7 +86,16 @@ fn sse<T: Serialize>(body: &T) -> Result<Event, Infallible> {
 /// Streams the generation as SSE: chunks, then (if asked) one usage chunk with no choices, then
 /// `data: [DONE]`. A server-side end that is an error (dropped, engine failure) becomes an
 /// `{"error": …}` event for that choice.
-pub fn stream(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokenizer>, endpoint: Endpoint, meta: Meta, include_usage: bool, guard: InflightGuard) -> Response {
+pub fn stream(
+    mut gen: Generation,
+    engine: EngineHandle,
+    tok: Arc<Tokenizer>,
+    endpoint: Endpoint,
+    meta: Meta,
+    include_usage: bool,
+    guard: InflightGuard,
+    keepalive_s: f64,
+) -> Response {
     let body = async_stream::stream! {
         let _guard = guard;
         let mut role_sent = vec![false; gen.num_choices()];
@@ -138,7 +147,11 @@ pub fn stream(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokenizer>, en
         }
         yield Ok(Event::default().data("[DONE]"));
     };
-    Sse::new(body).into_response()
+    if keepalive_s > 0.0 {
+        Sse::new(body).keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs_f64(keepalive_s)).text("keep-alive")).into_response()
+    } else {
+        Sse::new(body).into_response()
+    }
 }
 
 /// Runs the generation to the end and answers with one JSON object. Any choice that ended in an

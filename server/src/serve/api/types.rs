@@ -129,8 +129,9 @@ macro_rules! with_common_params {
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonParams {
-                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, .. } = self.clone();
-                CommonParams { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, }
+                // Field by field: the prompt or messages (up to the body limit) are not copied.
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, .. } = self;
+                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone() }
             }
         }
     };

@@ -18,8 +18,12 @@ pub struct GenParams {
     pub n: usize,
     /// Sampler parameters (the seed is varied per choice).
     pub sampling: SamplingParams,
-    /// Requested `max_tokens`, if any (else: the room left in the context).
+    /// Requested `max_tokens`, if any (else: the room left in the context, at most
+    /// `default_max_tokens`).
     pub max_tokens: Option<usize>,
+    /// The most a choice generates when the request sends no `max_tokens`: the request's share
+    /// of `--max-request-output-tokens`.
+    pub default_max_tokens: usize,
     /// Stop tokens are ignored before this many outputs.
     pub min_tokens: usize,
     /// Stop strings.
@@ -91,6 +95,7 @@ impl ValidRequest {
         }
         let prompts = completion_prompts(&req.prompt, l, req.add_special_tokens.unwrap_or(true), cfg.max_prompts)?;
         check_lengths(&prompts, &params, l.max_model_len, "prompt")?;
+        let params = bound_output(params, prompts.len(), cfg, "max_tokens")?;
         let endpoint = Endpoint::Completion { echo: echo.then(|| prompts.iter().map(|p| p.text.clone()).collect()), n: params.n, logprobs: logprobs.is_some() };
         Ok(Self { prompts, params, endpoint })
     }
@@ -125,6 +130,7 @@ impl ValidRequest {
             None => (common.max_tokens, "max_tokens"),
         };
         let params = gen_params(&common, cfg, l.tokenizer.vocab_size(), (max_tokens, name), want_logprobs.then_some(top))?;
+        let params = bound_output(params, 1, cfg, name)?;
         let prompts = vec![chat_prompt(l, &req.messages, req.add_generation_prompt.unwrap_or(true))?];
         check_lengths(&prompts, &params, l.max_model_len, "messages")?;
         Ok(Self { prompts, params, endpoint: Endpoint::Chat { logprobs: want_logprobs } })
@@ -144,7 +150,35 @@ pub fn token_ids(ids: &[i64], vocab: usize, param: &str) -> Result<Vec<u32>, Api
         .collect()
 }
 
+/// Bounds the output tokens of a request with `num_prompts` prompts: an explicit `max_tokens`
+/// over `--max-request-output-tokens` (times the choices) is a 400; without one, each choice's
+/// default is its share of that limit.
+fn bound_output(mut p: GenParams, num_prompts: usize, cfg: &ServeConfig, param: &str) -> Result<GenParams, ApiError> {
+    let choices = num_prompts.max(1) * p.n;
+    let cap = cfg.max_request_output_tokens;
+    if let Some(mt) = p.max_tokens {
+        if mt.saturating_mul(choices) > cap {
+            let what = if choices > 1 { format!("{choices} choices x {param} {mt}") } else { format!("{param} {mt}") };
+            return Err(ApiError::param(param, format!("{what} asks for more output tokens than this server allows per request ({cap})")));
+        }
+    }
+    p.default_max_tokens = (cap / choices).max(1);
+    Ok(p)
+}
+
 fn completion_prompts(input: &PromptInput, l: &Loaded, add_special: bool, max_prompts: usize) -> Result<Vec<Prompt>, ApiError> {
+    // Count before any tokenization: a long list of tiny prompts costs nothing to refuse.
+    let count = match input {
+        PromptInput::Text(_) | PromptInput::Tokens(_) => 1,
+        PromptInput::Texts(ts) => ts.len(),
+        PromptInput::TokenLists(ls) => ls.len(),
+    };
+    if count == 0 {
+        return Err(ApiError::param("prompt", "the prompt list is empty"));
+    }
+    if count > max_prompts {
+        return Err(ApiError::param("prompt", format!("at most {max_prompts} prompts per request, got {count}")));
+    }
     let vocab = l.tokenizer.vocab_size();
     let from_ids = |ids: &[i64]| -> Result<Prompt, ApiError> {
         let tokens = token_ids(ids, vocab, "prompt")?;
@@ -161,12 +195,6 @@ fn completion_prompts(input: &PromptInput, l: &Loaded, add_special: bool, max_pr
         PromptInput::Texts(ts) => ts.iter().map(|t| from_text(t)).collect::<Result<_, _>>()?,
         PromptInput::TokenLists(ls) => ls.iter().map(|ids| from_ids(ids)).collect::<Result<_, _>>()?,
     };
-    if prompts.is_empty() {
-        return Err(ApiError::param("prompt", "the prompt list is empty"));
-    }
-    if prompts.len() > max_prompts {
-        return Err(ApiError::param("prompt", format!("at most {max_prompts} prompts per request, got {}", prompts.len())));
-    }
     Ok(prompts)
 }
 
@@ -182,7 +210,12 @@ fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
             let role = match m.role.as_str() {
                 "system" | "user" | "assistant" => m.role.clone(),
                 "developer" => "system".to_string(),
-                other => return Err(ApiError::param(&format!("messages[{i}].role"), format!("unsupported role '{other}' (use system, developer, user or assistant)"))),
+                other => {
+                    return Err(ApiError::param(
+                        &format!("messages[{i}].role"),
+                        format!("unsupported role '{other}' (use system, developer, user or assistant)"),
+                    ))
+                }
             };
             let content = match &m.content {
                 None => String::new(),
@@ -215,10 +248,9 @@ pub fn chat_prompt(l: &Loaded, messages: &[MessageIn], add_generation_prompt: bo
 fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64, lo_open: bool) -> Result<Option<f64>, ApiError> {
     match v {
         None => Ok(None),
-        Some(x) if !x.is_finite() || x > hi || x < lo || (lo_open && x == lo) => Err(ApiError::param(
-            param,
-            format!("{x} is not a valid value for '{param}': it must be in {}{lo}, {hi}]", if lo_open { "(" } else { "[" }),
-        )),
+        Some(x) if !x.is_finite() || x > hi || x < lo || (lo_open && x == lo) => {
+            Err(ApiError::param(param, format!("{x} is not a valid value for '{param}': it must be in {}{lo}, {hi}]", if lo_open { "(" } else { "[" })))
+        }
         Some(x) => Ok(Some(x)),
     }
 }
@@ -273,6 +305,9 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::param("stop", "stop sequences must not be empty"));
     }
+    if let Some(long) = stop.iter().find(|s| s.len() > cfg.max_stop_bytes) {
+        return Err(ApiError::param("stop", format!("stop sequences may be at most {} bytes long, got one of {}", cfg.max_stop_bytes, long.len())));
+    }
     let stop_token_ids = token_ids(c.stop_token_ids.as_deref().unwrap_or_default(), vocab, "stop_token_ids")?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
@@ -309,6 +344,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         n,
         sampling,
         max_tokens,
+        default_max_tokens: cfg.max_request_output_tokens.max(1),
         min_tokens,
         stop,
         include_stop_str: c.include_stop_str_in_output.unwrap_or(false),

@@ -1,0 +1,395 @@
+//! Faults and limits on a real socket, in-process: `pace_server::serve::in_process` on
+//! `dummy:smollm2-135m` (random weights) behind `serve::listen::serve` on 127.0.0.1, driven by
+//! real clients (reqwest, raw TCP). Each test has its own server and engine thread.
+//!
+//! - the engine thread's supervision: a panic outside the model step ends every open request
+//!   with an error and turns `/health` red (the process exit is tested on the binary in
+//!   `lifecycle.rs`);
+//! - clients that leave: after one of a non-streaming request's choices, or while admission is
+//!   being decided, leave nothing live behind;
+//! - per-request bounds: output tokens over all choices, stop strings, prompt counts;
+//! - connection limits: silent and slow connections, slow bodies, the connection cap, SSE
+//!   keep-alive comments while a stream waits in the queue;
+//! - the request lifecycle under each policy, with smooth's 503 `predicted_late` and
+//!   drop-late's error event.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures_util::StreamExt;
+use pace_server::serve::listen::{self, ConnLimits};
+use pace_server::serve::state::AppState;
+use pace_server::serve::{api, in_process, ServeArgs};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+struct Srv {
+    state: Arc<AppState>,
+    addr: SocketAddr,
+}
+
+impl Srv {
+    /// An in-process server on dummy weights with `extra` flags, listening on a free port of
+    /// 127.0.0.1 with `limits`.
+    async fn start(extra: &[&str], limits: ConnLimits) -> Srv {
+        let mut argv = vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "512", "--kv-cache-memory", "64MiB"];
+        argv.extend_from_slice(extra);
+        let args = Args::parse_from(argv);
+        let state = tokio::task::spawn_blocking(move || in_process(&args.serve).expect("in-process server")).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(listen::serve(listener, api::app(state.clone()), limits, std::future::pending(), Duration::from_secs(1)));
+        Srv { state, addr }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+        let r = reqwest::Client::new().post(self.url(path)).json(body).send().await.unwrap();
+        let (st, h) = (r.status().as_u16(), r.headers().clone());
+        (st, h, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A streaming POST: (status, the raw body).
+    async fn stream_raw(&self, body: &Value) -> (u16, String) {
+        let r = reqwest::Client::new().post(self.url("/v1/completions")).json(body).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    fn load(&self) -> (usize, usize) {
+        let g = &self.state.loaded.get().unwrap().engine.gauges;
+        (g.running.load(Ordering::Relaxed), g.waiting.load(Ordering::Relaxed))
+    }
+
+    /// Waits until `cond(running, waiting)` holds (or panics after `secs`).
+    async fn until(&self, secs: u64, what: &str, cond: impl Fn(usize, usize) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let (r, w) = self.load();
+            if cond(r, w) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: still {r} running, {w} waiting");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The value of an unlabelled-by-us metric line (labels of the recorder ignored).
+    fn metric(&self, name: &str) -> f64 {
+        let l = self.state.loaded.get().unwrap();
+        self.state.window.update_gauges(l.engine.now());
+        let text = self.state.metrics.render();
+        text.lines()
+            .find(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+const LOOSE: ConnLimits = ConnLimits { header_timeout: Duration::from_secs(30), max_connections: 256 };
+
+/// SSE `data:` payloads of a raw body.
+fn data_frames(raw: &str) -> Vec<&str> {
+    raw.split("\n\n").filter_map(|f| f.trim().strip_prefix("data: ")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_engine_loop_fails_every_open_request_and_turns_health_red() {
+    // Token 77 makes a step panic after the model step, outside its guard (a scheduler bug).
+    let s = Srv::start(&["--scheduler", "fcfs", "--debug-panic-on-token", "77"], LOOSE).await;
+    let long = json!({"prompt": [10, 11, 12], "max_tokens": 400, "ignore_eos": true});
+    let streaming = {
+        let (url, mut body) = (s.url("/v1/completions"), long.clone());
+        body["stream"] = json!(true);
+        tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().text().await.unwrap() })
+    };
+    let collected = {
+        let (url, body) = (s.url("/v1/completions"), long.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    s.until(60, "both long requests running", |r, _| r == 2).await;
+    let (st, _, v) = s.post("/v1/completions", &json!({"prompt": [5, 77], "max_tokens": 3})).await;
+    assert_eq!(st, 500, "the request whose step panicked: {v}");
+    assert_eq!(v["error"]["type"], "server_error");
+    // The stream in flight ends with an error event (not a bare [DONE] without finish_reason).
+    let raw = streaming.await.unwrap();
+    let frames = data_frames(&raw);
+    let errors: Vec<&&str> = frames.iter().filter(|f| f.contains("\"error\"")).collect();
+    assert_eq!(errors.len(), 1, "one error event: {raw}");
+    assert!(!frames.iter().any(|f| f.contains("\"finish_reason\":\"length\"")), "the stream did not finish normally: {raw}");
+    // The non-streaming one gets a 500, not 200 with truncated text.
+    let (st, v) = collected.await.unwrap();
+    assert_eq!(st, 500, "{v}");
+    // Health is red and new requests are refused.
+    let h = reqwest::get(s.url("/health")).await.unwrap();
+    assert_eq!(h.status().as_u16(), 503);
+    assert_eq!(h.json::<Value>().await.unwrap()["status"], "engine stopped");
+    let (st, headers, v) = s.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2})).await;
+    assert_eq!(st, 503, "{v}");
+    assert!(headers.contains_key("retry-after"));
+    let g = &s.state.loaded.get().unwrap().engine.gauges;
+    assert!(g.panicked.load(Ordering::Acquire) && g.stopped.load(Ordering::Acquire));
+    assert_eq!(s.state.window.live_count(), 0, "no live request is left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_one_of_its_choices_leaves_nothing_live() {
+    let s = Srv::start(&["--scheduler", "fcfs"], LOOSE).await;
+    // Two prompts: the first fills the context but 2 tokens, so its choice ends after 2; the
+    // second has room for ~500 and is still running when the client leaves.
+    let full: Vec<u32> = (0..510).map(|i| 10 + (i % 200)).collect();
+    let body = json!({"prompt": [full, [10, 11, 12]], "ignore_eos": true});
+    let url = s.url("/v1/completions");
+    let client = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.map(|r| r.status()) });
+    let finished = || s.state.loaded.get().unwrap().engine.gauges.finished.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while finished() == 0 {
+        assert!(Instant::now() < deadline, "the short choice never finished");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.until(1, "the long choice still running", |r, _| r == 1).await;
+    client.abort();
+    s.until(60, "the engine idle after the disconnect", |r, w| r + w == 0).await;
+    // The handler's drop runs as the connection closes; allow it a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.state.window.live_count() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.state.window.live_count(), 0, "a live metrics entry was left behind");
+    assert_eq!(s.metric("pace_inflight_max_idle_latency_seconds"), 0.0);
+    assert_eq!(s.state.inflight.load(Ordering::Acquire), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_admission_is_decided_leaves_no_request_behind() {
+    use pace_models::sampler::{Sampler, SamplingParams};
+    use pace_scheduler::NewRequest;
+    // Token 99 fails any step that feeds it: the orphan must never reach a step.
+    let s = Srv::start(&["--scheduler", "fcfs", "--debug-fail-on-token", "99"], LOOSE).await;
+    let engine = s.state.loaded.get().unwrap().engine.clone();
+    // Keep the engine busy in long steps, so the submission below waits in its command queue.
+    let busy: Vec<u32> = (0..400).map(|i| 10 + (i % 50)).collect();
+    let (url, body) = (s.url("/v1/completions"), json!({"prompt": busy, "max_tokens": 40, "ignore_eos": true}));
+    let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
+    s.until(60, "the busy request running", |r, _| r == 1).await;
+    let prompt = vec![5, 99, 7];
+    let req =
+        NewRequest { id: engine.next_id(), prompt: prompt.clone(), max_tokens: 4, min_tokens: 0, stop_token_ids: vec![], arrival: engine.now(), class: None };
+    let sampler = Sampler::new(SamplingParams::default(), &prompt).unwrap();
+    // Polled once (the command is sent), then dropped: the client is gone.
+    let gone = tokio::time::timeout(Duration::ZERO, engine.submit(req, sampler)).await;
+    assert!(gone.is_err(), "admission answered within zero time");
+    assert_eq!(busy.await.unwrap(), 200, "the busy request was not failed by the orphan's step");
+    s.until(60, "idle", |r, w| r + w == 0).await;
+    assert_eq!(engine.gauges.consecutive_failures.load(Ordering::Relaxed), 0, "the orphan ran a step");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_cannot_ask_for_unbounded_work() {
+    let s = Srv::start(&["--scheduler", "fcfs", "--max-request-output-tokens", "40", "--max-n", "8"], LOOSE).await;
+    let cases = [
+        ("/v1/completions", json!({"prompt": "hi", "n": 4, "max_tokens": 11}), "max_tokens"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 41}), "max_completion_tokens"),
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 2, "stop": ["x".repeat(2000)]}), "stop"),
+        ("/v1/completions", json!({"prompt": vec!["a"; 200_000], "max_tokens": 1}), "prompt"),
+    ];
+    for (path, body, param) in &cases {
+        let (st, _, v) = s.post(path, body).await;
+        assert_eq!(st, 400, "{param}: {v}");
+        assert_eq!(v["error"]["param"], *param, "{v}");
+    }
+    // Without max_tokens, each of the 4 choices gets its share of the 40.
+    let (st, _, v) = s.post("/v1/completions", &json!({"prompt": "hi", "n": 4, "ignore_eos": true})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    assert!(v["choices"].as_array().unwrap().iter().all(|c| c["finish_reason"] == "length"), "{v}");
+}
+
+/// Reads until the peer closes (Ok(bytes)) or `secs` pass (Err).
+async fn read_to_close(c: &mut TcpStream, secs: u64) -> Result<Vec<u8>, ()> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        match tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+            Err(_) => return Err(()),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(out),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_slow_and_surplus_connections_are_cut() {
+    let limits = ConnLimits { header_timeout: Duration::from_millis(600), max_connections: 3 };
+    let s = Srv::start(&["--scheduler", "fcfs", "--body-timeout", "0.6"], limits).await;
+    // A connection that sends nothing, and one that sends its headers a byte at a time.
+    let mut silent = TcpStream::connect(s.addr).await.unwrap();
+    let mut slow = TcpStream::connect(s.addr).await.unwrap();
+    let dribble = async {
+        for b in b"GET /health HTTP/1.1\r\nHost: x\r\n" {
+            if slow.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    dribble.await;
+    assert!(read_to_close(&mut silent, 10).await.is_ok(), "a silent connection is closed");
+    let answer = read_to_close(&mut slow, 10).await.expect("a slow-header connection is closed");
+    assert!(!String::from_utf8_lossy(&answer).contains("200 OK"), "{}", String::from_utf8_lossy(&answer));
+    // A body that never arrives in full: 408 with an OpenAI error body.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":").await.unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut c, 10).await.expect("answered and closed")).to_string();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"request_timeout\""), "{answer}");
+    // The cap: with 3 connections open, a 4th is closed at once; once they go, /health answers.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(s.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut surplus = TcpStream::connect(s.addr).await.unwrap();
+    let _ = surplus.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let answer = read_to_close(&mut surplus, 5).await.expect("the surplus connection is closed");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    assert!(s.metric("pace_http_connections_refused_total") >= 1.0);
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ok = reqwest::get(s.url("/health")).await.map(|r| r.status().as_u16() == 200).unwrap_or(false);
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/health never answered after the held connections closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_waiting_in_the_queue_gets_keep_alive_comments() {
+    let s = Srv::start(&["--scheduler", "fcfs", "--max-num-seqs", "1", "--sse-keepalive", "0.05"], LOOSE).await;
+    let (url, body) = (s.url("/v1/completions"), json!({"prompt": "busy", "max_tokens": 60, "ignore_eos": true}));
+    let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
+    s.until(60, "the busy request running", |r, _| r == 1).await;
+    let (st, raw) = s.stream_raw(&json!({"prompt": "queued", "max_tokens": 3, "ignore_eos": true, "stream": true})).await;
+    assert_eq!(st, 200);
+    let first_data = raw.find("data: ").expect("data frames");
+    assert!(raw[..first_data].contains(": keep-alive"), "no keep-alive comment before the first token: {raw:?}");
+    assert_eq!(data_frames(&raw).last(), Some(&"[DONE]"));
+    assert_eq!(busy.await.unwrap(), 200);
+}
+
+/// The lifecycle every policy must keep: streaming and non-streaming answers, a disconnect that
+/// frees everything, a full queue answered 429 with Retry-After; plus each policy's own refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lifecycle_holds_under_every_policy() {
+    for policy in ["fcfs", "smooth", "drop-late"] {
+        let s = Srv::start(&["--scheduler", policy, "--max-num-seqs", "1", "--max-queue-requests", "3", "--slo", "ttft:1000 tpot:1000"], LOOSE).await;
+        // Served: non-streaming and streaming.
+        let (st, _, v) = s.post("/v1/completions", &json!({"prompt": "one", "max_tokens": 5, "ignore_eos": true})).await;
+        assert_eq!(st, 200, "{policy}: {v}");
+        assert_eq!(v["usage"]["completion_tokens"], 5, "{policy}");
+        let (st, raw) = s.stream_raw(&json!({"prompt": "two", "max_tokens": 5, "ignore_eos": true, "stream": true})).await;
+        assert_eq!(st, 200, "{policy}");
+        assert!(data_frames(&raw).iter().any(|f| f.contains("\"finish_reason\":\"length\"")), "{policy}: {raw}");
+        // A streaming client that leaves mid-answer: aborted, the engine idle again.
+        let r = reqwest::Client::new()
+            .post(s.url("/v1/completions"))
+            .json(&json!({"prompt": "three", "max_tokens": 400, "ignore_eos": true, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        let mut body = r.bytes_stream();
+        body.next().await.unwrap().unwrap();
+        drop(body);
+        s.until(60, &format!("{policy}: idle after a disconnect"), |r, w| r + w == 0).await;
+        // A burst over a queue of 3: each request is served or refused with Retry-After (429 for
+        // the full queue; smooth may refuse at the door and drop-late drop a queued request that
+        // waited past its TTFT, both 503), none is lost.
+        let url = s.url("/v1/completions");
+        let sends = (0..8).map(|i| {
+            let url = url.clone();
+            async move {
+                let r = reqwest::Client::new().post(url).json(&json!({"prompt": format!("q{i}"), "max_tokens": 30, "ignore_eos": true})).send().await.unwrap();
+                let (st, retry) = (r.status().as_u16(), r.headers().contains_key("retry-after"));
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                (st, retry, v["error"]["code"].as_str().unwrap_or("").to_string(), v["error"]["message"].as_str().unwrap_or("").to_string())
+            }
+        });
+        let results = futures_util::future::join_all(sends).await;
+        let own_refusal = match policy {
+            "smooth" => "unavailable",
+            "drop-late" => "dropped",
+            _ => "none",
+        };
+        for (st, retry, code, _) in &results {
+            match st {
+                200 => {}
+                429 => assert!(*retry && code == "overloaded", "{policy}: {results:?}"),
+                503 => assert!(*retry && code == own_refusal, "{policy}: {results:?}"),
+                _ => panic!("{policy}: {results:?}"),
+            }
+        }
+        assert!(results.iter().any(|r| r.0 == 200), "{policy}: {results:?}");
+        if policy == "fcfs" {
+            assert_eq!(results.iter().filter(|r| r.0 == 429).count(), 4, "fcfs: 1 running + 3 queued: {results:?}");
+        }
+        s.until(120, &format!("{policy}: idle after the burst"), |r, w| r + w == 0).await;
+        match policy {
+            // Smooth refuses at the door, before any SSE byte, a request that waiting would make
+            // worth less than nothing: 1 token for a reader with no grace, while the one seat
+            // (--max-num-seqs 1) is held by a stream paced at its reader's 5 tokens/s.
+            "smooth" => {
+                let (url, body) = (s.url("/v1/completions"), json!({"prompt": "busy", "max_tokens": 50, "ignore_eos": true}));
+                let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
+                s.until(60, "smooth: the busy request running", |r, _| r == 1).await;
+                let r = reqwest::Client::new()
+                    .post(s.url("/v1/completions"))
+                    .json(&json!({"prompt": "late", "max_tokens": 1, "ttft_grace": 0, "stream": true}))
+                    .send()
+                    .await
+                    .unwrap();
+                let (st, retry) = (r.status().as_u16(), r.headers().get("retry-after").and_then(|h| h.to_str().ok()).and_then(|h| h.parse::<u64>().ok()));
+                let ct = r.headers().get("content-type").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(st, 503, "smooth: {v}");
+                assert!(ct.starts_with("application/json"), "smooth: refused before any SSE byte ({ct})");
+                assert!(retry.is_some_and(|r| r >= 1), "smooth: Retry-After {retry:?}");
+                assert!(v["error"]["message"].as_str().unwrap().contains("predicted_late"), "{v}");
+                assert_eq!(busy.await.unwrap(), 200);
+            }
+            // Drop-late ends a queued request that has missed its TTFT with an error event.
+            "drop-late" => {
+                let (url, body) = (s.url("/v1/completions"), json!({"prompt": "busy", "max_tokens": 480, "ignore_eos": true}));
+                let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
+                s.until(60, "drop-late: the busy request running", |r, _| r == 1).await;
+                let (st, raw) = s.stream_raw(&json!({"prompt": "queued", "max_tokens": 3, "stream": true})).await;
+                assert_eq!(st, 200);
+                assert!(data_frames(&raw).iter().any(|f| f.contains("\"code\":\"dropped\"")), "drop-late: {raw}");
+                assert_eq!(data_frames(&raw).last(), Some(&"[DONE]"));
+                let _ = busy.await.unwrap();
+            }
+            _ => {}
+        }
+        s.until(120, &format!("{policy}: idle at the end"), |r, w| r + w == 0).await;
+        assert_eq!(s.state.window.live_count(), 0, "{policy}: live entries left");
+    }
+}
