@@ -61,6 +61,9 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+/// Instructions one render of a chat template may run.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// ChatML, the template used when a model ships none.
     pub const CHATML: &'static str =
@@ -71,6 +74,9 @@ impl ChatTemplate {
     /// Compiles `source`. A syntax error is [`Error::Template`].
     pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
         let mut env = Environment::new();
+        // A template runs at most this many instructions per render: real ones take thousands
+        // for a long conversation; a hostile one (a loop over a huge range) stops with an error.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

@@ -241,6 +241,13 @@ impl LlamaConfig {
         if [self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers].iter().any(|&v| v > LIMIT) {
             return bad(format!("implausibly large model shape {self:?}"));
         }
+        // The RoPE tables are sized from the context length (unless --max-model-len is smaller).
+        if self.max_position_embeddings == 0 || self.max_position_embeddings > LIMIT {
+            return bad(format!(
+                "context length {} (pace takes 1 to {LIMIT} tokens)",
+                self.max_position_embeddings
+            ));
+        }
         Ok(())
     }
 

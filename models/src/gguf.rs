@@ -230,7 +230,7 @@ impl GgufFile {
     }
 
     fn parse(mmap: Mmap) -> Result<Self> {
-        let mut r = Reader { buf: &mmap, pos: 0 };
+        let mut r = Reader::new(&mmap);
         let magic = r.bytes(4)?;
         if magic != b"GGUF" {
             return Err(Error::Format("not a GGUF file (bad magic)".into()));
@@ -340,12 +340,41 @@ impl GgufFile {
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Bytes the metadata may still take in memory. A value in memory is larger than in the
+    /// file (an element of a `u8` array takes one byte there and a whole [`MetaValue`] here), so
+    /// checking counts against the bytes left is not enough: a header of one huge `u8` array
+    /// would allocate 32 times the file's size.
+    budget: u64,
 }
+
+/// The metadata may take this many times the file's bytes in memory, plus [`META_SLACK`]:
+/// real files need far less (their tensors, not their metadata, make up the file), and a vocabulary-only
+/// file (strings, `f32` scores, `i32` types) about 4x.
+const META_PER_FILE_BYTE: u64 = 4;
+const META_SLACK: u64 = 16 << 20;
 
 /// Arrays nest at most this deep (GGUF writers use one level).
 const MAX_NESTING: u32 = 2;
 
 impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        let budget = (buf.len() as u64).saturating_mul(META_PER_FILE_BYTE).saturating_add(META_SLACK);
+        Self { buf, pos: 0, budget }
+    }
+
+    /// Takes `bytes` of the metadata's memory budget, or fails.
+    fn charge(&mut self, bytes: u64) -> Result<()> {
+        match self.budget.checked_sub(bytes) {
+            Some(left) => {
+                self.budget = left;
+                Ok(())
+            }
+            None => Err(Error::Format(
+                "the metadata would take more memory than a file of this size can justify".into(),
+            )),
+        }
+    }
+
     fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
@@ -390,6 +419,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Result<String> {
         let len = self.u64()?;
         self.check_count(len, 1, "string bytes")?;
+        self.charge(len)?;
         let bytes = self.bytes(len as usize)?;
         // Vocabularies carry invalid UTF-8 in rare tokens; keep them readable rather than failing.
         Ok(String::from_utf8_lossy(bytes).into_owned())
@@ -425,6 +455,7 @@ impl<'a> Reader<'a> {
                     other => return Err(Error::Format(format!("unknown metadata type {other}"))),
                 };
                 self.check_count(len, min_size, "array elements")?;
+                self.charge(len.saturating_mul(std::mem::size_of::<MetaValue>() as u64))?;
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(elem_ty, depth + 1)?);

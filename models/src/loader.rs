@@ -217,6 +217,20 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     if max_model_len == 0 {
         return Err(Error::Invalid("--max-model-len must be positive".into()));
     }
+    if max_model_len > cfg.max_position_embeddings {
+        return Err(Error::Invalid(format!(
+            "--max-model-len {max_model_len} is longer than the model's context length ({})",
+            cfg.max_position_embeddings
+        )));
+    }
+    // Every id the tokenizer can produce (and the API accepts) must have an embedding row.
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(Error::Format(format!(
+            "the tokenizer has {} tokens but the model's vocabulary has {}: ids past it would reach the model",
+            tokenizer.vocab_size(),
+            cfg.vocab_size
+        )));
+    }
     let model = Llama::load(&cfg, &loader, max_model_len)?;
     // Weights were copied from this thread; the engine runs on another one (another stream).
     dev.synchronize()?;

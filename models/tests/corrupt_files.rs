@@ -112,3 +112,70 @@ fn bad_config_is_an_error() {
         assert!(pace_models::config::LlamaConfig::from_hf_json(cfg).is_err(), "{cfg}");
     }
 }
+
+/// A GGUF header of `n_kv` key-values given as raw bytes after the counts.
+fn gguf_header(n_kv: u64, kvs: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&n_kv.to_le_bytes());
+    b.extend_from_slice(kvs);
+    b
+}
+
+/// One key-value: an array of `n` u8 elements, all present in the file.
+fn u8_array_kv(n: usize) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.push(b'x');
+    b.extend_from_slice(&9u32.to_le_bytes()); // array
+    b.extend_from_slice(&0u32.to_le_bytes()); // of u8
+    b.extend_from_slice(&(n as u64).to_le_bytes());
+    b.extend(std::iter::repeat_n(7u8, n));
+    b
+}
+
+#[test]
+fn a_header_cannot_make_the_reader_allocate_many_times_the_file() {
+    // Every element is in the file, so counting bytes left accepts it; in memory each u8 would
+    // take a whole metadata value (32 bytes): 8 MiB of file, 256 MiB of memory.
+    let p = write_tmp("u8-array.gguf", &gguf_header(1, &u8_array_kv(8 << 20)));
+    let e = GgufFile::open(&p).err().expect("a metadata array 32 times the file was read");
+    assert!(e.to_string().contains("memory"), "{e}");
+    // A plain one opens.
+    let p = write_tmp("u8-small.gguf", &gguf_header(1, &u8_array_kv(1000)));
+    assert!(GgufFile::open(&p).is_ok());
+}
+
+/// The default model with the u32 metadata value of `key` set to `value`.
+fn model_with_u32(key: &str, value: u32) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(default_model_path().unwrap()).unwrap();
+    let needle = format!("{key}\u{4}\0\0\0");
+    let at = bytes.windows(needle.len()).position(|w| w == needle.as_bytes()).expect("key present as u32") + needle.len();
+    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    write_tmp(&format!("{key}-{value}.gguf"), &bytes)
+}
+
+#[test]
+fn an_absurd_context_length_or_a_tokenizer_larger_than_the_model_is_refused_at_load() {
+    let src = |p: &std::path::Path| ModelSource::parse(Some(p.to_str().unwrap())).unwrap();
+    // The RoPE tables are sized from the context length when --max-model-len is not given.
+    let p = model_with_u32("llama.context_length", u32::MAX);
+    let e = load(&src(&p), &LoadOptions { device: Device::Cpu, max_model_len: None, seed: 0 }).err().expect("loaded");
+    assert!(e.to_string().contains("context length"), "{e}");
+    // A --max-model-len past the model's context.
+    let e = load(&src(&default_model_path().unwrap()), &LoadOptions { device: Device::Cpu, max_model_len: Some(1 << 16), seed: 0 }).err().expect("loaded");
+    assert!(e.to_string().contains("--max-model-len"), "{e}");
+    // 49,152 tokens for a model of 1,000 rows: token ids past 1,000 would index past the table.
+    let p = model_with_u32("llama.vocab_size", 1000);
+    let e = load(&src(&p), &LoadOptions { device: Device::Cpu, max_model_len: Some(256), seed: 0 }).err().expect("loaded");
+    assert!(e.to_string().contains("tokenizer has 49152 tokens"), "{e}");
+}
+
+#[test]
+fn a_chat_template_that_runs_forever_is_stopped() {
+    use pace_models::chat::{ChatMessage, ChatTemplate};
+    let t = ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", None, None).unwrap();
+    let e = t.render(&[ChatMessage::new("user".to_string(), "hi".to_string())], true).err().expect("ten billion iterations rendered");
+    assert!(e.to_string().contains("fuel"), "{e}");
+}
