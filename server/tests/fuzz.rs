@@ -1,0 +1,160 @@
+//! Fuzzing the request path, CI-sized (proptest, a bounded number of cases): raw bytes and
+//! structure-aware JSON bodies through `parse_body` and validation into a `ValidRequest`, for
+//! both endpoints, on an in-process server's tokenizer and template (dummy weights). No case
+//! may panic; every refusal is a 4xx; no single allocation exceeds [`MAX_ALLOC`]. Cases that
+//! once failed are kept beside this file (`regressions/`) and run first.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
+
+use clap::Parser;
+use pace_server::serve::api::extract::parse_body;
+use pace_server::serve::api::types::{ChatRequest, CompletionRequest};
+use pace_server::serve::api::validate::ValidRequest;
+use pace_server::serve::state::AppState;
+use pace_server::serve::{in_process, ServeArgs};
+use proptest::prelude::*;
+use serde_json::{json, Map, Value};
+
+const MAX_ALLOC: usize = 64 << 20;
+
+/// Records the largest allocation made on a thread while [`tracked`] runs there (model loading
+/// and other tests' threads are not counted).
+struct Tracking;
+
+thread_local! {
+    static TRACKING: Cell<bool> = const { Cell::new(false) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    let _ = TRACKING.try_with(|on| {
+        if on.get() {
+            let _ = LARGEST.try_with(|m| m.set(m.get().max(size)));
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator; only records sizes in const-initialized
+// thread-locals (which never allocate).
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        note(l.size());
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        note(new);
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Tracking = Tracking;
+
+/// Runs `f` with this thread's allocations tracked; returns its result and the largest one.
+fn tracked<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    LARGEST.with(|m| m.set(0));
+    TRACKING.with(|on| on.set(true));
+    let out = f();
+    TRACKING.with(|on| on.set(false));
+    (out, LARGEST.with(|m| m.get()))
+}
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+fn state() -> Arc<AppState> {
+    static S: OnceLock<Arc<AppState>> = OnceLock::new();
+    S.get_or_init(|| {
+        let args = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "512", "--kv-cache-memory", "16MiB"]);
+        in_process(&args.serve).expect("in-process server")
+    })
+    .clone()
+}
+
+/// Parses and validates `body` for both endpoints: each answer is a request or a 4xx.
+fn check(body: &[u8]) -> Result<(), TestCaseError> {
+    let s = state();
+    let l = s.loaded.get().unwrap();
+    let (outcome, largest) = tracked(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut statuses = Vec::new();
+        match parse_body::<CompletionRequest>(body) {
+            Ok(r) => statuses.extend(ValidRequest::completion(&r, &s.config, l).err().map(|e| e.status().as_u16())),
+            Err(e) => statuses.push(e.status().as_u16()),
+        }
+        match parse_body::<ChatRequest>(body) {
+            Ok(r) => statuses.extend(ValidRequest::chat(&r, &s.config, l).err().map(|e| e.status().as_u16())),
+            Err(e) => statuses.push(e.status().as_u16()),
+        }
+        statuses
+    })));
+    let statuses = outcome.map_err(|_| TestCaseError::fail(format!("panicked on {:?}", String::from_utf8_lossy(body))))?;
+    prop_assert!(statuses.iter().all(|s| (400..500).contains(s)), "{statuses:?} for {:?}", String::from_utf8_lossy(body));
+    prop_assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");
+    Ok(())
+}
+
+/// JSON values of every kind, nested a little, with the numbers and strings that break parsers.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        prop_oneof![Just(0i64), Just(-1), Just(1), Just(i64::MAX), Just(i64::MIN), Just(49151), Just(49152), any::<i64>()].prop_map(|v| json!(v)),
+        prop_oneof![Just(0.0f64), Just(-0.5), Just(1e308), Just(2.0000001), any::<f64>()].prop_map(|v| json!(v)),
+        "\\PC{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec(("[a-z_]{1,10}", inner), 0..5).prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+const FIELDS: [&str; 30] = [
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
+    "stop_token_ids", "seed", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "priority", "reading_rate", "ttft_grace", "response_format", "tools", "add_generation_prompt",
+];
+
+/// A body built from the endpoints' own fields, each given a random value, over a valid base.
+fn field_body() -> impl Strategy<Value = Vec<u8>> {
+    (any::<bool>(), prop::collection::vec((prop::sample::select(&FIELDS[..]), any_json()), 0..5)).prop_map(|(chat, fields)| {
+        let mut b = if chat { json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) } else { json!({"prompt": "hi", "max_tokens": 4}) };
+        for (k, v) in fields {
+            b[k] = v;
+        }
+        serde_json::to_vec(&b).unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1500, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))), ..ProptestConfig::default() })]
+
+    #[test]
+    fn raw_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..256)) {
+        check(&body)?;
+    }
+
+    #[test]
+    fn bodies_of_the_endpoints_fields_never_panic_and_are_refused_with_a_4xx(body in field_body()) {
+        check(&body)?;
+    }
+
+    /// Messages of every shape (roles, content parts, nesting).
+    #[test]
+    fn chat_messages_of_any_shape(messages in any_json(), extra in prop::option::of(any_json())) {
+        let mut b = json!({"messages": messages, "max_tokens": 2});
+        if let Some(e) = extra {
+            b["messages"] = json!([{"role": "user", "content": e}]);
+        }
+        check(&serde_json::to_vec(&b).unwrap())?;
+    }
+}
