@@ -77,7 +77,7 @@ class Registry:
         # Every label value pre-registered at 0, which is what the real server should do too.
         self.counters = {f'pace_requests_total{{{self.labels},finished_reason="{r}"}}': 0 for r in FINISHED}
         self.counters.update({f'pace_requests_rejected_total{{{self.labels},reason="{r}"}}': 0 for r in REJECTED})
-        for c in ["pace_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total", "pace_http_connections_refused_total"]:
+        for c in ["pace_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)

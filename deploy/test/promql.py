@@ -27,11 +27,11 @@ GAUGES = [
 ]
 COUNTERS = [
     "pace_requests_total", "pace_requests_rejected_total", "pace_preemptions_total", "pace_prompt_tokens_total",
-    "pace_generation_tokens_total", "pace_http_connections_refused_total",
+    "pace_generation_tokens_total",
 ]
 # Counters of events a short, light load may not cause; a server that registers its series lazily
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).
-EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_preemptions_total", "pace_http_connections_refused_total"]
+EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_preemptions_total"]
 # Histograms of events a short load may not cause either: the length prediction is scored only on
 # requests that stopped by themselves (a load of short max_tokens may have none). Their series,
 # what the rules record from them, and panels that read only those, are warnings unless strict.

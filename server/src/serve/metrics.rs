@@ -172,6 +172,7 @@ fn describe() {
     describe_gauge!("pace_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.");
     describe_counter!("pace_requests_total", "Finished requests by finish reason.");
     describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
+    describe_counter!("pace_http_connections_refused_total", "Connections closed at accept because --max-connections were open.");
     describe_counter!("pace_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
     describe_counter!("pace_generation_tokens_total", "Output tokens delivered.");
