@@ -1,7 +1,7 @@
-//! `--seed` in-process (its own test binary, so no other request moves the sequence): requests
-//! that send no seed take theirs from the sequence `--seed` starts, in the order they are
-//! admitted, so they are reproducible: each answer equals the same request sent with that
-//! sequence's seed.
+//! `--seed` and `--chat-template` in-process (their own test binary, so no other request moves
+//! the seed sequence): requests that send no seed take theirs from the sequence `--seed` starts,
+//! in the order they are admitted, so they are reproducible: each answer equals the same request
+//! sent with that sequence's seed; a template given by flag replaces the model's.
 
 use axum::body::Body;
 use axum::http::{header, Request};
@@ -45,4 +45,25 @@ async fn unseeded_requests_follow_the_server_seed() {
     assert_eq!(complete(with(0)).await, first);
     assert_eq!(complete(with(1)).await, second);
     assert_ne!(first, second, "two seeds of the sequence gave the same 12 tokens at temperature 1");
+}
+
+/// `--chat-template`, inline or from a file (vLLM's flag): what the conversation renders to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_template_given_by_flag_replaces_the_models() {
+    let template = "{% for m in messages %}<<{{ m['role'] }}|{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}[bot]{% endif %}";
+    let file = std::env::temp_dir().join(format!("pace-template-{}.jinja", std::process::id()));
+    std::fs::write(&file, template).unwrap();
+    for value in [template.to_string(), file.to_str().unwrap().to_string()] {
+        let args = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--chat-template", &value]);
+        let state = in_process(&args.serve).expect("in-process server");
+        let req = Request::post("/tokenize").header(header::CONTENT_TYPE, "application/json").body(Body::from(json!({"messages": [{"role": "user", "content": "hi"}]}).to_string())).unwrap();
+        let resp = api::app(state.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
+        let ids: Vec<u32> = v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        let text = state.loaded.get().unwrap().tokenizer.decode(&ids, false).unwrap();
+        assert_eq!(text, "<<user|hi>>[bot]", "{value}");
+    }
+    let bad = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--chat-template", "no-such-file.jinja"]);
+    assert!(in_process(&bad.serve).is_err());
 }

@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// is a full filter and wins).
     #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "PACE_LOG_LEVEL")]
     pub log_level: LogLevel,
+    /// The chat template, as vLLM's flag: a file holding a Jinja template, or the template
+    /// itself; default: the model's own (ChatML when it has none).
+    #[arg(long, env = "PACE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
     /// Leave out the one line per finished request (`pace::request`), as vLLM's flag does.
     #[arg(long, env = "PACE_DISABLE_LOG_REQUESTS")]
     pub disable_log_requests: bool,
@@ -338,10 +342,28 @@ async fn drain(state: &Arc<AppState>) {
     }
 }
 
+/// The text of `--chat-template`: the file it names, or the value itself when it is a template
+/// (it holds `{{` or `{%`), as vLLM reads it.
+pub fn chat_template_source(value: &str) -> Result<String> {
+    let path = std::path::Path::new(value);
+    if path.is_file() {
+        return std::fs::read_to_string(path).with_context(|| format!("--chat-template: reading {value}"));
+    }
+    if value.contains("{{") || value.contains("{%") {
+        return Ok(value.to_string());
+    }
+    bail!("--chat-template: '{value}' is neither a file nor a Jinja template")
+}
+
 /// Loads the model, builds the engine and marks the server ready. `on_fatal` runs if a panic
 /// ends the engine thread.
 fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Option<engine_thread::OnFatal>) -> Result<()> {
-    let loaded = args.engine.load()?;
+    let mut loaded = args.engine.load()?;
+    if let Some(t) = &args.chat_template {
+        let source = chat_template_source(t)?;
+        loaded.chat_template = pace_models::chat::ChatTemplate::new(&source, loaded.tokenizer.bos_token(), loaded.tokenizer.eos_token())
+            .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
+    }
     let tokenizer = Arc::new(loaded.tokenizer);
     let origin = Instant::now();
     let queue = (args.max_queue_requests, args.max_queue_tokens);
