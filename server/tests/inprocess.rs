@@ -206,3 +206,37 @@ async fn tokenize_detokenize_models_version_health() {
     assert_eq!(st, 200);
     assert!(String::from_utf8(metrics).unwrap().contains("pace_requests_total"));
 }
+
+/// `X-Request-Id` (vLLM's rule): the response id is the endpoint's prefix and the client's id,
+/// which comes back in the response header; without one the header carries the id pace made.
+/// A malformed one is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_request_id_round_trips() {
+    let send = |path: &'static str, id: Option<&'static str>, body: Value| async move {
+        let mut req = Request::builder().method(Method::POST).uri(path).header(header::CONTENT_TYPE, "application/json");
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        let resp = api::app(state()).oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+        let echo = resp.headers().get("x-request-id").map(|v| v.to_str().unwrap().to_string());
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+        (status, echo, bytes)
+    };
+    let (st, echo, b) = send(COMPLETIONS, Some("trace-42.a:b_c"), json!({"prompt": "hi", "max_tokens": 2})).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((st, v["id"].as_str(), echo.as_deref()), (200, Some("cmpl-trace-42.a:b_c"), Some("trace-42.a:b_c")), "{v}");
+    let (st, echo, b) = send(CHAT, Some("abc"), json!({"messages": user("hi"), "max_tokens": 2, "stream": true})).await;
+    assert_eq!((st, echo.as_deref()), (200, Some("abc")));
+    assert!(String::from_utf8_lossy(&b).contains("\"id\":\"chatcmpl-abc\""));
+    let (st, echo, b) = send(CHAT, None, json!({"messages": user("hi"), "max_tokens": 2})).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(echo.as_deref(), v["id"].as_str(), "{v}");
+    for bad in ["has space", "a\"b", &"x".repeat(129)] {
+        let bad: &'static str = Box::leak(bad.to_string().into_boxed_str());
+        let (st, _, b) = send(COMPLETIONS, Some(bad), json!({"prompt": "hi", "max_tokens": 2})).await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_error(st, &v, 400, None, None, bad);
+    }
+}

@@ -249,13 +249,15 @@ impl Window {
 
     /// Records a finished (or rejected) request: its log line, histograms, counters and the
     /// window. The record's outcome is [`outcome`] of `reason`.
-    pub fn finish(&self, id: u64, record: RequestRecord, prompt_tokens: usize, reason: FinishReason) {
+    /// `name` is the id the client was given (the response's `id`, with `#i` for choice `i` of
+    /// several), which the log line carries.
+    pub fn finish(&self, id: u64, name: &str, record: RequestRecord, prompt_tokens: usize, reason: FinishReason) {
         if let Ok(mut m) = self.live.lock() {
             m.remove(&id);
         }
         let label = finish_label(reason);
         if reason != FinishReason::Rejected {
-            log_finished(id, &record, prompt_tokens, label);
+            log_finished(name, &record, prompt_tokens, label);
         }
         counter!("pace_requests_total", "finished_reason" => label).increment(1);
         if record.outcome != Outcome::Rejected {
@@ -309,7 +311,7 @@ impl Window {
 }
 
 /// One log line per finished request (`RUST_LOG=pace::request=info`).
-fn log_finished(id: u64, r: &RequestRecord, prompt_tokens: usize, reason: &str) {
+fn log_finished(id: &str, r: &RequestRecord, prompt_tokens: usize, reason: &str) {
     tracing::info!(
         target: "pace::request",
         "request {id} finished: reason={reason} prompt_tokens={prompt_tokens} output_tokens={} ttft={} tpot={:.4} idle={:.3}",

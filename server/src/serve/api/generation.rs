@@ -45,6 +45,8 @@ struct Choice {
     arrival: f64,
     class: SloClass,
     prompt_tokens: usize,
+    /// The id the client knows it by, in log lines.
+    name: String,
     /// The engine has finished it.
     done: bool,
     /// Its record has gone to the metrics (at its last frame's delivery, or when dropped).
@@ -66,7 +68,9 @@ pub struct Generation {
 
 impl Generation {
     /// Submits `prompts.len() * n` requests. All are admitted or none: on a rejection the others
-    /// are aborted and the rejection is returned (as 429/503 with Retry-After).
+    /// are aborted and the rejection is returned (as 429/503 with Retry-After). `request_id` is
+    /// the response's `id`, which log lines carry.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         state: &Arc<AppState>,
         engine: &EngineHandle,
@@ -75,6 +79,7 @@ impl Generation {
         p: &GenParams,
         max_model_len: usize,
         arrival: f64,
+        request_id: &str,
     ) -> Result<Self, ApiError> {
         let mut gen = Generation {
             engine: engine.clone(),
@@ -94,6 +99,7 @@ impl Generation {
             let max_tokens = p.max_tokens.unwrap_or(p.default_max_tokens).min(room).max(1);
             for c in 0..p.n {
                 let index = pi * p.n + c;
+                let name = if prompts.len() * p.n > 1 { format!("{request_id}#{index}") } else { request_id.to_string() };
                 let mut sampling = p.sampling.clone();
                 sampling.seed = p.sampling.seed.map(|s| s.wrapping_add(index as u64));
                 let sampler = Sampler::new(sampling, &prompt.tokens).map_err(|e| ApiError::param(e.param, e.message))?;
@@ -123,6 +129,7 @@ impl Generation {
                             arrival,
                             class: p.class,
                             prompt_tokens: prompt.tokens.len(),
+                            name,
                             done: false,
                             recorded: false,
                         });
@@ -138,7 +145,7 @@ impl Generation {
                             end: engine.now(),
                             class: p.class,
                         };
-                        state.window.finish(id, record, prompt.tokens.len(), FinishReason::Rejected);
+                        state.window.finish(id, &name, record, prompt.tokens.len(), FinishReason::Rejected);
                         drop(gen); // aborts the admitted choices
                         return Err(r.into());
                     }
@@ -236,7 +243,7 @@ impl Generation {
             if !std::mem::replace(&mut c.recorded, true) {
                 let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
                 let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: c.class };
-                self.state.window.finish(c.id, record, c.prompt_tokens, reason);
+                self.state.window.finish(c.id, &c.name, record, c.prompt_tokens, reason);
             }
         }
     }
@@ -255,7 +262,7 @@ impl Drop for Generation {
             if !std::mem::replace(&mut c.recorded, true) {
                 let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
                 let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(FinishReason::Abort), end: now, class: c.class };
-                self.state.window.finish(c.id, record, c.prompt_tokens, FinishReason::Abort);
+                self.state.window.finish(c.id, &c.name, record, c.prompt_tokens, FinishReason::Abort);
             }
         }
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -48,13 +48,24 @@ fn random_id(prefix: &str) -> String {
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    generate(&state, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await
+pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+    generate(&state, &headers, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    generate(&state, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
+pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+    generate(&state, &headers, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
+}
+
+/// The client's `X-Request-Id`, if it sent one: 1 to 128 characters of `A-Z a-z 0-9 - _ . :`
+/// (anything else is a 400, so a log line or a header never carries what a client injected).
+fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("x-request-id") else { return Ok(None) };
+    let ok = |s: &str| (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    match v.to_str() {
+        Ok(s) if ok(s) => Ok(Some(s.to_string())),
+        _ => Err(ApiError::invalid("X-Request-Id must be 1 to 128 characters of A-Z, a-z, 0-9, '-', '_', '.' and ':'", None)),
+    }
 }
 
 /// Runs CPU-heavy request work (tokenization, chat templates) on tokio's blocking pool, so the
@@ -77,8 +88,10 @@ async fn off_the_workers<T: Send + 'static>(
 /// or collected).
 async fn generate(
     state: &Arc<AppState>,
+    headers: &HeaderMap,
     validate: impl FnOnce(&ServeConfig, &Loaded) -> Result<ValidRequest, ApiError> + Send + 'static,
 ) -> Result<Response, ApiError> {
+    let client_id = client_request_id(headers)?;
     let l = ready(state)?;
     let arrival = l.engine.now();
     let guard = InflightGuard::new(state);
@@ -87,19 +100,29 @@ async fn generate(
     if params.sampling.seed.is_none() {
         params.sampling.seed = state.next_unseeded();
     }
-    let gen = Generation::start(state, &l.engine, &l.tokenizer, &prompts, &params, l.max_model_len, arrival).await?;
     let prefix = match endpoint {
         Endpoint::Completion { .. } => "cmpl",
         Endpoint::Chat { .. } => "chatcmpl",
     };
-    let meta = Meta { id: random_id(prefix), created: now_unix(), model: state.model_name().to_string() };
-    if params.stream {
-        Ok(respond::stream(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta, params.include_usage, guard, state.config.sse_keepalive_s))
+    // vLLM's rule: the response id is the prefix and the client's X-Request-Id when it sent one.
+    let id = match &client_id {
+        Some(c) => format!("{prefix}-{c}"),
+        None => random_id(prefix),
+    };
+    let gen = Generation::start(state, &l.engine, &l.tokenizer, &prompts, &params, l.max_model_len, arrival, &id).await?;
+    let echo = HeaderValue::from_str(client_id.as_deref().unwrap_or(&id)).ok();
+    let meta = Meta { id, created: now_unix(), model: state.model_name().to_string() };
+    let mut resp = if params.stream {
+        respond::stream(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta, params.include_usage, guard, state.config.sse_keepalive_s)
     } else {
         let r = respond::collect(gen, l.engine.clone(), l.tokenizer.clone(), endpoint, meta).await;
         drop(guard);
-        r
+        r?
+    };
+    if let Some(v) = echo {
+        resp.headers_mut().insert("x-request-id", v);
     }
+    Ok(resp)
 }
 
 fn now_unix() -> u64 {

@@ -86,6 +86,7 @@ fn sse<T: Serialize>(body: &T) -> Result<Event, Infallible> {
 /// Streams the generation as SSE: chunks, then (if asked) one usage chunk with no choices, then
 /// `data: [DONE]`. A server-side end that is an error (dropped, engine failure) becomes an
 /// `{"error": …}` event for that choice.
+#[allow(clippy::too_many_arguments)]
 pub fn stream(
     mut gen: Generation,
     engine: EngineHandle,
