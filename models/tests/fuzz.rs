@@ -4,8 +4,6 @@
 //! case may panic, and no single allocation may exceed [`MAX_ALLOC`]. Cases that once failed
 //! are kept in `proptest-regressions/fuzz.txt` and run first.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
 use pace_models::chat::ChatTemplate;
@@ -18,50 +16,9 @@ use proptest::prelude::*;
 /// The largest single allocation any case may make.
 const MAX_ALLOC: usize = 64 << 20;
 
-/// Records the largest allocation made on a thread while [`tracked`] runs there (model loading
-/// and other tests' threads are not counted).
-struct Tracking;
-
-thread_local! {
-    static TRACKING: Cell<bool> = const { Cell::new(false) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    let _ = TRACKING.try_with(|on| {
-        if on.get() {
-            let _ = LARGEST.try_with(|m| m.set(m.get().max(size)));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; only records sizes in const-initialized
-// thread-locals (which never allocate).
-unsafe impl GlobalAlloc for Tracking {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        note(l.size());
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        note(new);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Tracking = Tracking;
-
-/// Runs `f` with this thread's allocations tracked; returns its result and the largest one.
-fn tracked<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST.with(|m| m.set(0));
-    TRACKING.with(|on| on.set(true));
-    let out = f();
-    TRACKING.with(|on| on.set(false));
-    (out, LARGEST.with(|m| m.get()))
-}
+#[path = "common/track_alloc.rs"]
+mod track_alloc;
+use track_alloc::tracked;
 
 /// A GGUF writer that remembers where every count and length lies (for structure-aware
 /// mutations).
@@ -103,22 +60,14 @@ impl Gguf {
             self.str(v);
         }
     }
-    fn kv_i32s(&mut self, k: &str, vs: &[i32]) {
+    /// An array of 4-byte numbers of GGUF type `ty` (5: i32, 6: f32).
+    fn kv_nums(&mut self, k: &str, ty: u32, vs: &[[u8; 4]]) {
         self.str(k);
         self.u32(9);
-        self.u32(5);
+        self.u32(ty);
         self.u64_count(vs.len() as u64);
         for v in vs {
-            self.bytes.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    fn kv_f32s(&mut self, k: &str, vs: &[f32]) {
-        self.str(k);
-        self.u32(9);
-        self.u32(6);
-        self.u64_count(vs.len() as u64);
-        for v in vs {
-            self.bytes.extend_from_slice(&v.to_le_bytes());
+            self.bytes.extend_from_slice(v);
         }
     }
 }
@@ -146,8 +95,8 @@ fn small_gguf() -> Gguf {
     g.kv_u32("llama.context_length", 256);
     g.kv_str("tokenizer.ggml.model", "llama");
     g.kv_strs("tokenizer.ggml.tokens", &pieces);
-    g.kv_f32s("tokenizer.ggml.scores", &scores);
-    g.kv_i32s("tokenizer.ggml.token_type", &types);
+    g.kv_nums("tokenizer.ggml.scores", 6, &scores.iter().map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+    g.kv_nums("tokenizer.ggml.token_type", 5, &types.iter().map(|v| v.to_le_bytes()).collect::<Vec<_>>());
     g.kv_u32("tokenizer.ggml.bos_token_id", 1);
     g.kv_u32("tokenizer.ggml.eos_token_id", 2);
     g.kv_str("tokenizer.chat_template", ChatTemplate::CHATML);
