@@ -97,6 +97,17 @@ impl Srv {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     }
+
+    /// The value of the series of `name` whose labels include every `labels` pair (0 if none).
+    fn series(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = self.state.metrics.render();
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .find(|line| labels.iter().all(|(k, v)| line.contains(&format!("{k}=\"{v}\""))))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
 }
 
 const LOOSE: ConnLimits = ConnLimits { header_timeout: Duration::from_secs(30), max_connections: 256 };
@@ -151,6 +162,7 @@ async fn a_panic_in_the_engine_loop_fails_every_open_request_and_turns_health_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_after_one_of_its_choices_leaves_nothing_live() {
     let s = Srv::start(&["--scheduler", "fcfs"], LOOSE).await;
+    let gone_before = s.series("pace_http_requests_total", &[("handler", "/v1/completions"), ("status", "499")]);
     // Two prompts: the first fills the context but 2 tokens, so its choice ends after 2; the
     // second has room for ~500 and is still running when the client leaves.
     let full: Vec<u32> = (0..510).map(|i| 10 + (i % 200)).collect();
@@ -174,6 +186,19 @@ async fn a_client_gone_after_one_of_its_choices_leaves_nothing_live() {
     assert_eq!(s.state.window.live_count(), 0, "a live metrics entry was left behind");
     assert_eq!(s.metric("pace_inflight_max_idle_latency_seconds"), 0.0);
     assert_eq!(s.state.inflight.load(Ordering::Acquire), 0);
+    // The request is accounted for: the client closed before the response head, status 499.
+    let gone = s.series("pace_http_requests_total", &[("handler", "/v1/completions"), ("status", "499")]);
+    assert!(gone >= gone_before + 1.0, "499 count {gone_before} -> {gone}");
+    let ok_before = s.series("pace_http_requests_total", &[("handler", "/v1/completions"), ("status", "200")]);
+    let (st, _, _) = s.post("/v1/completions", &json!({"prompt": [10, 11], "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+    assert!(s.series("pace_http_requests_total", &[("handler", "/v1/completions"), ("status", "200")]) >= ok_before + 1.0);
+    let (st, _, _) = s.post("/no/such/route", &json!({})).await;
+    assert_eq!(st, 404);
+    assert!(s.series("pace_http_requests_total", &[("handler", "other"), ("status", "404")]) >= 1.0, "unmatched paths count as `other`");
+    // The standard process series are exported.
+    let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(text.lines().any(|l| l.starts_with("process_resident_memory_bytes") && !l.ends_with(" 0")), "no RSS series in /metrics");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,6 +66,19 @@ pub fn record_connection_refused() {
     counter!("pace_http_connections_refused_total").increment(1);
 }
 
+/// Route patterns as exported (`handler` label values of `pace_http_requests_total`).
+pub const HTTP_HANDLERS: [&str; 8] = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/version"];
+
+/// The `handler` label of a matched route pattern (`other` for anything not in [`HTTP_HANDLERS`]).
+pub fn http_handler_label(pattern: &str) -> &'static str {
+    HTTP_HANDLERS.iter().find(|h| **h == pattern).copied().unwrap_or("other")
+}
+
+/// One HTTP request answered with `status` (499: the client left before the response head).
+pub fn record_http(handler: &'static str, status: u16) {
+    counter!("pace_http_requests_total", "handler" => handler, "status" => status.to_string()).increment(1);
+}
+
 /// Prompt tokens of an admitted request.
 pub fn record_prompt_tokens(n: usize) {
     counter!("pace_prompt_tokens_total").increment(n as u64);
@@ -172,10 +185,28 @@ fn describe() {
     describe_gauge!("pace_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.");
     describe_counter!("pace_requests_total", "Finished requests by finish reason.");
     describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
+    describe_counter!(
+        "pace_http_requests_total",
+        "HTTP requests by route and status; 499: the client closed the connection before the response head."
+    );
     describe_counter!("pace_http_connections_refused_total", "Connections closed at accept because --max-connections were open.");
     describe_counter!("pace_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
     describe_counter!("pace_generation_tokens_total", "Output tokens delivered.");
+}
+
+/// The standard process series (`process_resident_memory_bytes`, `process_cpu_seconds_total`,
+/// `process_open_fds`, `process_threads`, `process_start_time_seconds`, ...), as every
+/// Prometheus client library and vLLM export them; read at each scrape.
+pub fn collect_process() {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR
+        .get_or_init(|| {
+            let c = metrics_process::Collector::default();
+            c.describe();
+            c
+        })
+        .collect();
 }
 
 /// Queue time of a request at its first scheduling.

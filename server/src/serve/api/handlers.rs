@@ -195,6 +195,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Some(l) = state.loaded.get() {
         state.window.update_gauges(l.engine.now());
     }
+    metrics::collect_process();
     state.metrics.run_upkeep();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }

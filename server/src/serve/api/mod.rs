@@ -11,7 +11,7 @@ pub mod validate;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,7 +40,35 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/version", get(handlers::version))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(middleware::from_fn(count_http))
         .with_state(state)
+}
+
+/// Counts every HTTP request in `pace_http_requests_total{handler, status}` when its response
+/// head is ready (a stream counts its 200 when it starts). A request whose client closed the
+/// connection before that counts as status `499` (nginx's "client closed request"), so every
+/// request the server read is accounted for. `handler` is the route pattern, `other` for paths
+/// no route matches (a client cannot create series).
+async fn count_http(req: Request, next: Next) -> Response {
+    let handler = match req.extensions().get::<MatchedPath>().map(|p| p.as_str()) {
+        Some(p) => super::metrics::http_handler_label(p),
+        None => "other",
+    };
+    let mut pending = HttpCount { handler, status: None };
+    let response = next.run(req).await;
+    pending.status = Some(response.status().as_u16());
+    response
+}
+
+struct HttpCount {
+    handler: &'static str,
+    status: Option<u16>,
+}
+
+impl Drop for HttpCount {
+    fn drop(&mut self) {
+        super::metrics::record_http(self.handler, self.status.unwrap_or(499));
+    }
 }
 
 async fn not_found(req: Request) -> Response {
