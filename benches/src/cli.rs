@@ -1,4 +1,4 @@
-//! `pace bench serve | sweep | ab`: flags (named as `vllm bench serve` names them where the
+//! `pace bench serve | sweep | ab | soak`: flags (named as `vllm bench serve` names them where the
 //! concept is the same) and the three commands.
 
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub enum BenchCommand {
     /// Run the identical seeded sweep against several servers (URLs, or `pace serve` per
     /// scheduler policy) and write one report with their curves overlaid.
     Ab(AbArgs),
+    /// A long, hostile run against one pace server (overload, clients that leave, slow
+    /// connections), judged by pass/fail checks; writes report.md and soak.json.
+    Soak(crate::soak::SoakArgs),
 }
 
 /// Workload, SLO and limit flags shared by every `pace bench` command.
@@ -406,6 +409,7 @@ pub fn run(cmd: &BenchCommand) -> Result<()> {
         BenchCommand::Serve(a) => rt.block_on(serve(a)).map(|_| ()),
         BenchCommand::Sweep(a) => rt.block_on(sweep(a)),
         BenchCommand::Ab(a) => rt.block_on(ab(a)),
+        BenchCommand::Soak(a) => rt.block_on(crate::soak::soak(a)).map(|_| ()),
     }
 }
 
