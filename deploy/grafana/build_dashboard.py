@@ -274,6 +274,24 @@ def build():
              "short", minv=0),
     ], 8)
     b.place([
+        b.ts("HTTP responses by status",
+             "Generation requests answered per second by HTTP status: 200, 4xx refusals (429: a full queue), 503 "
+             "(smooth's predicted_late, drop-late's drops, draining), 499 (the client left before the response "
+             "head). Any 500 is a bug worth a look.",
+             [(f'sum by (scheduler, status) (rate(pace_http_requests_total{{{SEL}, handler=~"/v1/(chat/)?completions"}}[{RI}]))',
+               "{{scheduler}} {{status}}")], "reqps", w=8, minv=0, stack=True),
+        b.ts("Connections refused",
+             "Connections closed at accept because --max-connections were open (default 1,024). A flat 0 means "
+             "none.",
+             [(f"sum by (instance) (rate(pace_http_connections_refused_total{{{SEL}}}[{RI}]))", "{{instance}}")],
+             "short", w=8, minv=0),
+        b.ts("Resident memory by instance",
+             "process_resident_memory_bytes: weights, KV cache and the rest. Flat under steady load; a slope that "
+             "never levels off is a leak (docs/reliability-soak.md measures it).",
+             [(f"max by (instance, scheduler) (process_resident_memory_bytes{{{SEL}}})", "{{instance}} {{scheduler}}")],
+             "bytes", w=8, minv=0),
+    ], 8)
+    b.place([
         b.ts("Prompt tokens per request: p50 / p90 / p99 / mean", "Prompt length of finished requests.",
              quantiles("pace_request_prompt_tokens"), "short", minv=0),
         b.ts("Generated tokens per request: p50 / p90 / p99 / mean", "Output length of finished requests.",

@@ -53,7 +53,8 @@ HISTOGRAMS = {
 }
 GAUGES = ["pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
           "pace_slo_attainment_ratio", "pace_inflight_max_idle_latency_seconds", "pace_num_requests_running",
-          "pace_num_requests_waiting", "pace_kv_cache_usage_ratio"]
+          "pace_num_requests_waiting", "pace_kv_cache_usage_ratio", "process_resident_memory_bytes"]
+ROUTES = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/version"]
 FINISHED = ["stop", "length", "abort", "dropped", "rejected", "error"]
 REJECTED = ["queue_full", "queue_tokens", "predicted_late", "too_long"]
 
@@ -77,7 +78,8 @@ class Registry:
         # Every label value pre-registered at 0, which is what the real server should do too.
         self.counters = {f'pace_requests_total{{{self.labels},finished_reason="{r}"}}': 0 for r in FINISHED}
         self.counters.update({f'pace_requests_rejected_total{{{self.labels},reason="{r}"}}': 0 for r in REJECTED})
-        for c in ["pace_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total"]:
+        for c in ["pace_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total",
+                  "pace_http_connections_refused_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)
@@ -115,6 +117,7 @@ class Registry:
                 "pace_num_requests_running": running,
                 "pace_num_requests_waiting": waiting,
                 "pace_kv_cache_usage_ratio": min(1.0, 0.05 + 0.12 * running),
+                "process_resident_memory_bytes": 180e6 + 1e6 * running,
             }
             lines = []
             for g in GAUGES:
@@ -167,6 +170,8 @@ def make_handler(args, reg, sim):
 
         def _send(self, code, body, ctype="application/json", extra=()):
             data = body.encode() if isinstance(body, str) else body
+            handler = self.path if self.path in ROUTES else "other"
+            reg.inc("pace_http_requests_total", f'handler="{handler}",status="{code}"')
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))

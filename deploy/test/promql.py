@@ -23,11 +23,11 @@ HISTOGRAMS = [
 GAUGES = [
     "pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
     "pace_slo_attainment_ratio", "pace_inflight_max_idle_latency_seconds", "pace_num_requests_running",
-    "pace_num_requests_waiting", "pace_kv_cache_usage_ratio",
+    "pace_num_requests_waiting", "pace_kv_cache_usage_ratio", "process_resident_memory_bytes",
 ]
 COUNTERS = [
     "pace_requests_total", "pace_requests_rejected_total", "pace_preemptions_total", "pace_prompt_tokens_total",
-    "pace_generation_tokens_total",
+    "pace_generation_tokens_total", "pace_http_requests_total", "pace_http_connections_refused_total",
 ]
 # Counters of events a short, light load may not cause; a server that registers its series lazily
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).

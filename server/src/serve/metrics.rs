@@ -153,6 +153,7 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
         counter!("pace_requests_rejected_total", "reason" => *r).absolute(0);
     }
     counter!("pace_preemptions_total").absolute(0);
+    counter!("pace_http_connections_refused_total").absolute(0);
     counter!("pace_prompt_tokens_total").absolute(0);
     counter!("pace_generation_tokens_total").absolute(0);
     Ok(handle)
@@ -341,14 +342,19 @@ impl Window {
     }
 }
 
-/// One log line per finished request (`RUST_LOG=pace::request=info`).
+/// One log line per finished request (`RUST_LOG=pace::request=info`), its numbers as fields
+/// (`request_id`: the id the client was given).
 fn log_finished(id: &str, r: &RequestRecord, prompt_tokens: usize, reason: &str) {
+    let ttft = r.ttft().map(|t| (t * 1e3).round() / 1e3);
     tracing::info!(
         target: "pace::request",
-        "request {id} finished: reason={reason} prompt_tokens={prompt_tokens} output_tokens={} ttft={} tpot={:.4} idle={:.3}",
-        r.num_tokens(),
-        r.ttft().map(|t| format!("{t:.3}")).unwrap_or_else(|| "-".into()),
-        r.tpot(),
-        r.idle_latency()
+        request_id = %id,
+        reason = %reason,
+        prompt_tokens,
+        output_tokens = r.num_tokens(),
+        ttft_s = ttft,
+        tpot_s = (r.tpot() * 1e4).round() / 1e4,
+        idle_s = (r.idle_latency() * 1e3).round() / 1e3,
+        "request finished"
     );
 }
