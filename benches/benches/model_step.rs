@@ -17,7 +17,7 @@ const BLOCK: usize = 16;
 
 fn runner(blocks: usize) -> ModelRunner {
     let source = ModelSource::parse(Some("dummy:smollm2-135m:q4")).expect("dummy model");
-    let m = load(&source, &LoadOptions { device: Device::Cpu, max_model_len: Some(2048), seed: 0 }).expect("load");
+    let m = load(&source, &LoadOptions { max_model_len: Some(2048), ..LoadOptions::on(Device::Cpu) }).expect("load");
     let cache = KvCache::new(m.model.config(), blocks, BLOCK, DType::F16, &Device::Cpu).expect("KV cache");
     ModelRunner::new(m.model, cache)
 }

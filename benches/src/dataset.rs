@@ -13,7 +13,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use pace_models::gguf::GgufFile;
 use pace_models::tokenizer::Tokenizer;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -73,14 +72,7 @@ pub fn load_tokenizer(path: Option<&Path>) -> Result<Tokenizer> {
         Some(p) => p.to_path_buf(),
         None => pace_models::fetch::default_model_path().context("locating the default model for its tokenizer")?,
     };
-    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    let tok = if is_gguf {
-        let g = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        Tokenizer::from_gguf(&g)
-    } else {
-        Tokenizer::from_file(&path)
-    };
-    tok.with_context(|| format!("loading the tokenizer from {}", path.display()))
+    Tokenizer::from_path(&path).with_context(|| format!("loading the tokenizer from {}", path.display()))
 }
 
 /// Draws random prompts that encode to exactly a given number of tokens.

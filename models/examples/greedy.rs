@@ -10,7 +10,7 @@ use pace_scheduler::{BatchPlan, SeqSlice};
 fn main() -> anyhow::Result<()> {
     let prompt = std::env::args().nth(1).unwrap_or_else(|| "What is the capital of France?".into());
     let n: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(32);
-    let lm = load(&ModelSource::Default, &LoadOptions { device: Device::Cpu, max_model_len: Some(4096), seed: 0 })?;
+    let lm = load(&ModelSource::Default, &LoadOptions { max_model_len: Some(4096), ..LoadOptions::on(Device::Cpu) })?;
     let text = lm.chat_template.render(&[ChatMessage::new("user", prompt)], true)?;
     let mut toks = lm.tokenizer.encode(&text, false)?;
     println!("prompt tokens: {}", toks.len());

@@ -150,6 +150,19 @@ pub struct LoadOptions {
     pub max_model_len: Option<usize>,
     /// Seed of dummy weights.
     pub seed: u64,
+    /// Compute type of dense weights and activations (`--dtype`); `None`: float32 on the CPU,
+    /// the checkpoint's `torch_dtype` (bf16 when it names none) on a GPU.
+    pub dtype: Option<DType>,
+    /// A tokenizer to use instead of the model's own (`--tokenizer`): a `.gguf` file, a
+    /// Hugging Face model directory or a `tokenizer.json`.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl LoadOptions {
+    /// Defaults on `device`: the model's own length, dtype and tokenizer, weight seed 0.
+    pub fn on(device: Device) -> Self {
+        Self { device, max_model_len: None, seed: 0, dtype: None, tokenizer: None }
+    }
 }
 
 /// A model ready to run, with its text front end.
@@ -171,12 +184,18 @@ pub struct LoadedModel {
 /// Loads the model named by `source`.
 pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     let dev = &opts.device;
+    if dev.is_cpu() && opts.dtype.is_some_and(|d| d != DType::F32) {
+        return Err(Error::Unsupported(format!(
+            "--dtype {:?}: pace's CPU path computes in float32 (a quantized GGUF saves the memory); float16 and bfloat16 are for --device cuda",
+            opts.dtype.unwrap_or(DType::F32)
+        )));
+    }
     let (cfg, loader, tokenizer, description) = match source {
         ModelSource::Default => {
             let path = fetch::default_model_path()?;
-            gguf_parts(&path, dev)?
+            gguf_parts(&path, dev, opts.dtype)?
         }
-        ModelSource::Gguf(p) => gguf_parts(p, dev)?,
+        ModelSource::Gguf(p) => gguf_parts(p, dev, opts.dtype)?,
         ModelSource::HfDir(dir) => {
             let text = read(&dir.join("config.json"))?;
             let cfg = LlamaConfig::from_hf_json(&text)?;
@@ -189,7 +208,7 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
             if files.is_empty() {
                 return Err(Error::Invalid(format!("{}: no *.safetensors files", dir.display())));
             }
-            let dtype = if dev.is_cpu() { DType::F32 } else { hf_dtype(&text) };
+            let dtype = if dev.is_cpu() { DType::F32 } else { opts.dtype.unwrap_or_else(|| hf_dtype(&text)) };
             let loader = WeightLoader::safetensors(&files, dev.clone(), dtype)?;
             let tokenizer = Tokenizer::from_file(dir)?;
             (cfg, loader, tokenizer, format!("{} ({} safetensors files, {dtype:?})", dir.display(), files.len()))
@@ -199,13 +218,17 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
             let storage = storage.unwrap_or(if dev.is_cpu() { DummyStorage::Dense(DType::F32) } else { DummyStorage::Dense(DType::BF16) });
             let dtype = match (dev.is_cpu(), storage) {
                 (true, _) => DType::F32,
-                (false, DummyStorage::Dense(d)) => d,
-                (false, DummyStorage::Quant(_)) => DType::F32,
+                (false, DummyStorage::Dense(d)) => opts.dtype.unwrap_or(d),
+                (false, DummyStorage::Quant(_)) => quantized_dtype(opts.dtype)?,
             };
             let loader = WeightLoader::dummy(opts.seed, storage, dev.clone(), dtype);
             let tokenizer = Tokenizer::byte_level(cfg.vocab_size)?;
             (cfg, loader, tokenizer, format!("dummy {name} ({storage:?}, seed {})", opts.seed))
         }
+    };
+    let tokenizer = match &opts.tokenizer {
+        Some(p) => Tokenizer::from_path(p)?,
+        None => tokenizer,
     };
     if !dev.is_cpu() && cfg.head_dim != 64 && cfg.head_dim != 128 {
         return Err(Error::Unsupported(format!(
@@ -252,14 +275,27 @@ fn hf_dtype(config_json: &str) -> DType {
     }
 }
 
-fn gguf_parts(path: &Path, dev: &Device) -> Result<(LlamaConfig, WeightLoader, Tokenizer, String)> {
+/// Quantized weights take float32 activations (pace's CPU kernels and candle's GPU ones alike).
+fn quantized_dtype(asked: Option<DType>) -> Result<DType> {
+    match asked {
+        None | Some(DType::F32) => Ok(DType::F32),
+        Some(d) => Err(Error::Unsupported(format!("--dtype {d:?}: a quantized model computes in float32; leave --dtype at auto"))),
+    }
+}
+
+fn gguf_parts(path: &Path, dev: &Device, asked: Option<DType>) -> Result<(LlamaConfig, WeightLoader, Tokenizer, String)> {
     let g = Arc::new(GgufFile::open(path)?);
     let cfg = LlamaConfig::from_gguf(&g)?;
     let tokenizer = Tokenizer::from_gguf(&g)?;
     let quantized = g.tensors.iter().any(|t| !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
-    // Quantized weights take f32 activations (pace's CPU kernels and candle's GPU ones alike);
-    // a dense GGUF on a GPU computes in bf16.
-    let dtype = if dev.is_cpu() || quantized { DType::F32 } else { DType::BF16 };
+    // A dense GGUF on a GPU computes in bf16 unless --dtype says otherwise.
+    let dtype = if quantized {
+        quantized_dtype(asked)?
+    } else if dev.is_cpu() {
+        DType::F32
+    } else {
+        asked.unwrap_or(DType::BF16)
+    };
     let desc = format!("{} (GGUF v{}, {} tensors)", path.display(), g.version, g.tensors.len());
     Ok((cfg, WeightLoader::gguf(g, dev.clone(), dtype), tokenizer, desc))
 }

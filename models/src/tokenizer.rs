@@ -196,6 +196,16 @@ impl Tokenizer {
         Self::assemble(parts::from_hf_file(path)?)
     }
 
+    /// Loads a tokenizer from a `.gguf` file (its metadata), a Hugging Face model directory or
+    /// a `tokenizer.json`.
+    pub fn from_path(path: &Path) -> Result<Self> {
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            Self::from_gguf(&crate::gguf::GgufFile::open(path)?)
+        } else {
+            Self::from_file(path)
+        }
+    }
+
     /// A byte-level tokenizer of `vocab_size` tokens for models that ship none (dummy weights):
     /// one token per byte, `<|endoftext|>` as BOS/EOS, ChatML as chat template.
     pub fn byte_level(vocab_size: usize) -> Result<Self> {

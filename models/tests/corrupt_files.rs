@@ -20,7 +20,7 @@ fn write_tmp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
 
 fn load_path(p: &std::path::Path) -> pace_models::Result<pace_models::loader::LoadedModel> {
     let src = ModelSource::parse(Some(p.to_str().unwrap()))?;
-    load(&src, &LoadOptions { device: Device::Cpu, max_model_len: Some(256), seed: 0 })
+    load(&src, &LoadOptions { max_model_len: Some(256), ..LoadOptions::on(Device::Cpu) })
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn truncated_or_corrupt_safetensors_is_an_error() {
     for (i, bytes) in cases.iter().enumerate() {
         std::fs::write(&file, bytes).unwrap();
         let src = ModelSource::parse(Some(dir.to_str().unwrap())).unwrap();
-        let r = std::panic::catch_unwind(|| load(&src, &LoadOptions { device: Device::Cpu, max_model_len: Some(64), seed: 0 }));
+        let r = std::panic::catch_unwind(|| load(&src, &LoadOptions { max_model_len: Some(64), ..LoadOptions::on(Device::Cpu) }));
         match r {
             Ok(Err(e)) => assert!(e.to_string().contains("safetensors"), "case {i}: unexpected error {e}"),
             Ok(Ok(_)) => panic!("case {i}: corrupt safetensors loaded"),
@@ -161,14 +161,14 @@ fn an_absurd_context_length_or_a_tokenizer_larger_than_the_model_is_refused_at_l
     let src = |p: &std::path::Path| ModelSource::parse(Some(p.to_str().unwrap())).unwrap();
     // The RoPE tables are sized from the context length when --max-model-len is not given.
     let p = model_with_u32("llama.context_length", u32::MAX);
-    let e = load(&src(&p), &LoadOptions { device: Device::Cpu, max_model_len: None, seed: 0 }).err().expect("loaded");
+    let e = load(&src(&p), &LoadOptions { max_model_len: None, ..LoadOptions::on(Device::Cpu) }).err().expect("loaded");
     assert!(e.to_string().contains("context length"), "{e}");
     // A --max-model-len past the model's context.
-    let e = load(&src(&default_model_path().unwrap()), &LoadOptions { device: Device::Cpu, max_model_len: Some(1 << 16), seed: 0 }).err().expect("loaded");
+    let e = load(&src(&default_model_path().unwrap()), &LoadOptions { max_model_len: Some(1 << 16), ..LoadOptions::on(Device::Cpu) }).err().expect("loaded");
     assert!(e.to_string().contains("--max-model-len"), "{e}");
     // 49,152 tokens for a model of 1,000 rows: token ids past 1,000 would index past the table.
     let p = model_with_u32("llama.vocab_size", 1000);
-    let e = load(&src(&p), &LoadOptions { device: Device::Cpu, max_model_len: Some(256), seed: 0 }).err().expect("loaded");
+    let e = load(&src(&p), &LoadOptions { max_model_len: Some(256), ..LoadOptions::on(Device::Cpu) }).err().expect("loaded");
     assert!(e.to_string().contains("tokenizer has 49152 tokens"), "{e}");
 }
 

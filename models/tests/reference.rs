@@ -48,7 +48,7 @@ const PROMPTS: [&str; 5] = [
 ];
 
 fn load_default() -> LoadedModel {
-    load(&ModelSource::Default, &LoadOptions { device: Device::Cpu, max_model_len: Some(1024), seed: 0 }).unwrap()
+    load(&ModelSource::Default, &LoadOptions { max_model_len: Some(1024), ..LoadOptions::on(Device::Cpu) }).unwrap()
 }
 
 /// pace: greedy generation one token per step, returning the prompt+generated ids and the

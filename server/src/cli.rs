@@ -52,6 +52,40 @@ pub struct EngineArgs {
     /// Seed of dummy weights.
     #[arg(long, default_value_t = 0, env = "PACE_WEIGHT_SEED")]
     pub weight_seed: u64,
+    /// Compute type of dense weights and activations, as vLLM's flag: auto (float32 on the CPU;
+    /// on a GPU the checkpoint's torch_dtype, bf16 when it names none), float32 (float),
+    /// float16 (half) or bfloat16. The CPU path computes in float32 only; quantized GGUF
+    /// weights take float32 activations.
+    #[arg(long, value_enum, default_value_t = ModelDtype::Auto, env = "PACE_DTYPE")]
+    pub dtype: ModelDtype,
+    /// Tokenizer to use instead of the model's own, as vLLM's flag: a .gguf file, a Hugging
+    /// Face model directory or a tokenizer.json (its chat template comes with it).
+    #[arg(long, env = "PACE_TOKENIZER")]
+    pub tokenizer: Option<std::path::PathBuf>,
+}
+
+/// `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelDtype {
+    Auto,
+    #[value(alias = "float", alias = "fp32")]
+    Float32,
+    #[value(alias = "half", alias = "fp16")]
+    Float16,
+    #[value(alias = "bf16")]
+    Bfloat16,
+}
+
+impl ModelDtype {
+    /// The candle type asked for (`None`: auto).
+    pub fn candle(self) -> Option<DType> {
+        match self {
+            Self::Auto => None,
+            Self::Float32 => Some(DType::F32),
+            Self::Float16 => Some(DType::F16),
+            Self::Bfloat16 => Some(DType::BF16),
+        }
+    }
 }
 
 /// `--kv-cache-dtype`.
@@ -123,7 +157,14 @@ impl EngineArgs {
         let source = ModelSource::parse(self.model.as_deref())?;
         tracing::info!("loading {source:?} on {device:?}");
         let t0 = Instant::now();
-        let m = load(&source, &LoadOptions { device, max_model_len: self.max_model_len, seed: self.weight_seed })?;
+        let opts = LoadOptions {
+            max_model_len: self.max_model_len,
+            seed: self.weight_seed,
+            dtype: self.dtype.candle(),
+            tokenizer: self.tokenizer.clone(),
+            ..LoadOptions::on(device)
+        };
+        let m = load(&source, &opts)?;
         tracing::info!("loaded {} in {:.1} s", m.description, t0.elapsed().as_secs_f64());
         Ok(m)
     }

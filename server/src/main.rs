@@ -39,17 +39,19 @@ fn main() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
     let cli = Cli::parse();
-    let (level, quiet) = match &cli.command {
-        Command::Serve(a) => (a.log_level, a.disable_log_requests),
-        _ => (serve::LogLevel::Info, false),
+    let (level, quiet, format) = match &cli.command {
+        Command::Serve(a) => (a.log_level, a.disable_log_requests, a.log_format),
+        _ => (serve::LogLevel::Info, false, serve::LogFormat::Text),
     };
     let rust_log = std::env::var("RUST_LOG").ok();
     let filter = serve::log_filter(rust_log.as_deref(), level, quiet);
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        serve::LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        serve::LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).with_span_list(false).init(),
+    }
     let result = match &cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),

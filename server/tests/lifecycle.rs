@@ -296,3 +296,38 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     let server_tokens = m("pace_goodput_tokens_per_second") * 600.0;
     assert!((server_tokens - (n_req * tokens) as f64).abs() < 1e-6, "token goodput counts every passed token: {server_tokens}");
 }
+
+/// `--log-format json`: every line is one JSON object; the request's line carries the id the
+/// client was given (from its `X-Request-Id`) and its numbers as fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_parse_back_and_name_the_request() {
+    let s = Server::start(&["--scheduler", "fcfs", "--log-format", "json"]);
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "json-log-1")
+        .json(&json!({"prompt": "Hi", "max_tokens": 3, "ignore_eos": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let log = s.log_text();
+        if let Some(l) = log.lines().find(|l| l.contains("cmpl-json-log-1")) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < deadline, "no log line names the request:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["request_id"], "cmpl-json-log-1", "{v}");
+    assert_eq!(v["target"], "pace::request");
+    assert_eq!(v["level"], "INFO");
+    assert_eq!(v["message"], "request finished");
+    assert_eq!(v["reason"], "length");
+    assert_eq!(v["output_tokens"], 3);
+    assert!(v["ttft_s"].as_f64().is_some_and(|t| t > 0.0) && v["timestamp"].is_string(), "{v}");
+    for l in s.log_text().lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+    }
+}

@@ -154,7 +154,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     let max_b = batches.iter().copied().max().unwrap_or(1).max(8);
     let t0 = Instant::now();
     let source = ModelSource::parse(Some("dummy:llama-3-8b:bf16"))?;
-    let m = load(&source, &LoadOptions { device: dev.clone(), max_model_len: Some(4096), seed: 0 })
+    let m = load(&source, &LoadOptions { max_model_len: Some(4096), ..LoadOptions::on(dev.clone()) })
         .context("loading dummy:llama-3-8b:bf16")?;
     let cfg = m.model.config().clone();
     let cache = KvCache::new(&cfg, max_b * per_seq + 1, bs, DType::BF16, dev)?;

@@ -24,7 +24,7 @@ const BLOCK: usize = 16;
 
 fn runner(dev: &Device, weights: &str, kv: DType) -> Result<ModelRunner> {
     let source = ModelSource::parse(Some(&format!("dummy:smollm2-135m:{weights}")))?;
-    let m = load(&source, &LoadOptions { device: dev.clone(), max_model_len: Some(512), seed: 0 })
+    let m = load(&source, &LoadOptions { max_model_len: Some(512), ..LoadOptions::on(dev.clone()) })
         .with_context(|| format!("loading dummy:smollm2-135m:{weights} on {dev:?}"))?;
     let cache = KvCache::new(m.model.config(), 64, BLOCK, kv, dev)?;
     Ok(ModelRunner::new(m.model, cache))

@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// is a full filter and wins).
     #[arg(long, value_enum, default_value_t = LogLevel::Info, env = "PACE_LOG_LEVEL")]
     pub log_level: LogLevel,
+    /// Log lines as text, or as JSON: one object per line (timestamp, level, target, message
+    /// and the event's fields at the top level, `request_id` on every line about a request).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "PACE_LOG_FORMAT")]
+    pub log_format: LogFormat,
     /// The chat template, as vLLM's flag: a file holding a Jinja template, or the template
     /// itself; default: the model's own (ChatML when it has none).
     #[arg(long, env = "PACE_CHAT_TEMPLATE")]
@@ -144,6 +148,13 @@ pub enum LogLevel {
     Info,
     Debug,
     Trace,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The tracing filter: `RUST_LOG` when set, else `--log-level`; with `--disable-log-requests`,
@@ -419,6 +430,16 @@ mod tests {
         assert_eq!(from_env.served_model_name, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(flag_wins.max_logprobs, 3);
         assert!(Cli::try_parse_from(["serve", "--scheduling-policy", "priority"]).is_err());
+        // vLLM's --dtype values and aliases, --tokenizer, --log-format.
+        use crate::cli::ModelDtype;
+        for (v, want) in [("auto", ModelDtype::Auto), ("half", ModelDtype::Float16), ("float16", ModelDtype::Float16), ("bfloat16", ModelDtype::Bfloat16), ("float", ModelDtype::Float32)] {
+            assert_eq!(Cli::try_parse_from(["serve", "--dtype", v]).unwrap().serve.engine.dtype, want, "{v}");
+        }
+        assert!(Cli::try_parse_from(["serve", "--dtype", "int3"]).is_err());
+        let a = Cli::try_parse_from(["serve", "--tokenizer", "/m/tokenizer.json", "--log-format", "json"]).unwrap().serve;
+        assert_eq!(a.engine.tokenizer.as_deref(), Some(std::path::Path::new("/m/tokenizer.json")));
+        assert_eq!(a.log_format, super::LogFormat::Json);
+        assert!(Cli::try_parse_from(["serve", "--log-format", "xml"]).is_err());
     }
 
     #[test]
