@@ -1,8 +1,9 @@
 //! Fuzzing the request path, CI-sized (proptest, a bounded number of cases): raw bytes and
 //! structure-aware JSON bodies through `parse_body` and validation into a `ValidRequest`, for
 //! both endpoints, on an in-process server's tokenizer and template (dummy weights). No case
-//! may panic; every refusal is a 4xx; no single allocation exceeds [`MAX_ALLOC`]. Cases that
-//! once failed are kept beside this file (`regressions/`) and run first.
+//! may panic; every refusal is a 4xx; no single allocation exceeds [`MAX_ALLOC`]. Inputs that
+//! once got through are a fixed corpus ([`past_failures_stay_fixed`]); a failing proptest case
+//! is also saved beside this file (`regressions/`) and run first.
 
 use std::sync::{Arc, OnceLock};
 
@@ -36,8 +37,9 @@ fn state() -> Arc<AppState> {
     .clone()
 }
 
-/// Parses and validates `body` for both endpoints: each answer is a request or a 4xx.
-fn check(body: &[u8]) -> Result<(), TestCaseError> {
+/// Parses and validates `body` for both endpoints: each answer is a request or a 4xx. Returns
+/// how many of the two refused it.
+fn check(body: &[u8]) -> Result<usize, TestCaseError> {
     let s = state();
     let l = s.loaded.get().unwrap();
     let (outcome, largest) = tracked(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -55,7 +57,7 @@ fn check(body: &[u8]) -> Result<(), TestCaseError> {
     let statuses = outcome.map_err(|_| TestCaseError::fail(format!("panicked on {:?}", String::from_utf8_lossy(body))))?;
     prop_assert!(statuses.iter().all(|s| (400..500).contains(s)), "{statuses:?} for {:?}", String::from_utf8_lossy(body));
     prop_assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");
-    Ok(())
+    Ok(statuses.len())
 }
 
 /// JSON values of every kind, nested a little, with the numbers and strings that break parsers.
@@ -113,5 +115,33 @@ proptest! {
             b["messages"] = json!([{"role": "user", "content": e}]);
         }
         check(&serde_json::to_vec(&b).unwrap())?;
+    }
+}
+
+/// The corpus of inputs that once got through (issue 14's findings and the fuzzers' own), run
+/// every time: each is refused with a 4xx, without panicking or allocating past the bound. A
+/// case the fuzzers above find is added here with its date.
+#[test]
+fn past_failures_stay_fixed() {
+    let million_prompts = format!("{{\"prompt\": [{}], \"max_tokens\": 1}}", vec!["\"a\""; 1_000_000].join(","));
+    let corpus: Vec<(&str, Vec<u8>)> = vec![
+        // Accepted and served before the stop-string cap: one stop string of 600 KB.
+        ("a 600 KB stop string", serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": 4, "stop": "x".repeat(600_000)})).unwrap()),
+        ("17 stop strings", serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": 4, "stop": vec!["s"; 17]})).unwrap()),
+        // Tokenized in full before the prompt count was checked.
+        ("a million tiny prompts", million_prompts.into_bytes()),
+        // About 10 GB of buffered output from a 1 KB body before the output-token cap.
+        ("n x prompts x max_tokens x logprobs", serde_json::to_vec(&json!({"prompt": vec!["a"; 64], "n": 16, "max_tokens": 1_000_000_000u64, "logprobs": 20})).unwrap()),
+        ("max_completion_tokens past the cap", serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 16, "max_completion_tokens": 1u64 << 40})).unwrap()),
+        // Ids past the vocabulary must never reach a batch.
+        ("a token id past the vocabulary", serde_json::to_vec(&json!({"prompt": [1, 49152], "max_tokens": 2})).unwrap()),
+        ("a negative token id", serde_json::to_vec(&json!({"prompt": [[-1]], "max_tokens": 2})).unwrap()),
+        ("max_tokens of i64::MAX", serde_json::to_vec(&json!({"prompt": "hi", "max_tokens": i64::MAX})).unwrap()),
+        ("a deeply nested content", format!("{{\"messages\": [{{\"role\": \"user\", \"content\": {}1{}}}]}}", "[".repeat(5000), "]".repeat(5000)).into_bytes()),
+    ];
+    for (what, body) in corpus {
+        // Each body is meant for one endpoint and malformed for the other: both refuse it.
+        let refused = check(&body).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(refused, 2, "{what} was accepted");
     }
 }
