@@ -67,3 +67,43 @@ async fn a_chat_template_given_by_flag_replaces_the_models() {
     let bad = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--chat-template", "no-such-file.jinja"]);
     assert!(in_process(&bad.serve).is_err());
 }
+
+/// `--generation-config` (vLLM's flag): a request that leaves out temperature and max_tokens
+/// gets the file's; one that sends them keeps its own; `--override-generation-config` wins over
+/// the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_defaults_come_from_the_generation_config() {
+    let dir = std::env::temp_dir().join(format!("pace-genconfig-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("generation_config.json"), r#"{"temperature": 0.0, "max_new_tokens": 5, "bos_token_id": 1}"#).unwrap();
+    let start = |extra: &[&str]| {
+        let mut argv = vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--generation-config", dir.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        in_process(&Args::parse_from(argv).serve).expect("in-process server")
+    };
+    let complete = |state: std::sync::Arc<pace_server::serve::state::AppState>, body: Value| async move {
+        let req = Request::post("/v1/completions").header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap();
+        let resp = api::app(state).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v["usage"]["completion_tokens"].as_u64().unwrap())
+    };
+    let state = start(&[]);
+    // Greedy by default: two different seeds give the same text; 5 tokens by default.
+    let (a, n) = complete(state.clone(), json!({"prompt": "Once", "ignore_eos": true, "seed": 1})).await;
+    let (b, _) = complete(state.clone(), json!({"prompt": "Once", "ignore_eos": true, "seed": 2})).await;
+    assert_eq!((a.clone(), n), (b, 5));
+    // What the request sends wins.
+    let (_, n) = complete(state.clone(), json!({"prompt": "Once", "ignore_eos": true, "max_tokens": 7})).await;
+    assert_eq!(n, 7);
+    let (c, _) = complete(state.clone(), json!({"prompt": "Once", "ignore_eos": true, "seed": 1, "temperature": 1.0, "max_tokens": 12})).await;
+    let (d, _) = complete(state, json!({"prompt": "Once", "ignore_eos": true, "seed": 2, "temperature": 1.0, "max_tokens": 12})).await;
+    assert_ne!(c, d, "temperature 1 with two seeds gave the same 12 tokens");
+    // The override wins over the file.
+    let state = start(&["--override-generation-config", r#"{"max_new_tokens": 3}"#]);
+    assert_eq!(complete(state, json!({"prompt": "Once", "ignore_eos": true})).await.1, 3);
+    // A file that is not a generation config is an error at start.
+    let bad = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--generation-config", "/nonexistent"]);
+    assert!(in_process(&bad.serve).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}

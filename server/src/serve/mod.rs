@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod engine_thread;
+pub mod gen_config;
 pub mod listen;
 pub mod metrics;
 pub mod state;
@@ -127,6 +128,16 @@ pub struct ServeArgs {
     /// itself; default: the model's own (ChatML when it has none).
     #[arg(long, env = "PACE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
+    /// Default sampling parameters, as vLLM's flag: auto (the model's generation_config.json,
+    /// next to a .gguf file or in a Hugging Face directory, when it has one), vllm (the API's
+    /// neutral defaults), or a directory or file holding a generation_config.json. A request
+    /// that sends temperature, top_p, top_k, min_p, repetition_penalty or max_tokens wins.
+    #[arg(long, default_value = "auto", env = "PACE_GENERATION_CONFIG")]
+    pub generation_config: String,
+    /// JSON object of default sampling parameters applied over --generation-config, e.g.
+    /// '{"temperature": 0.2, "top_p": 0.9}' (vLLM's flag).
+    #[arg(long, env = "PACE_OVERRIDE_GENERATION_CONFIG")]
+    pub override_generation_config: Option<String>,
     /// Leave out the one line per finished request (`pace::request`), as vLLM's flag does.
     #[arg(long, env = "PACE_DISABLE_LOG_REQUESTS")]
     pub disable_log_requests: bool,
@@ -232,6 +243,10 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
         binary: args.slo,
         default_class: SloClass { weight: SloClass::priority_weight(args.default_priority), ..SloClass::new(args.reading_rate, args.ttft_grace) },
     };
+    let (sampling, sampling_from) = gen_config::resolve(&source, &args.generation_config, args.override_generation_config.as_deref())?;
+    if let Some(from) = sampling_from {
+        tracing::info!("default sampling parameters from {from}: {}", sampling.describe());
+    }
     let handle = metrics::install(&names[0], &args.scheduler, &slo)?;
     let config = ServeConfig {
         served_model_names: names,
@@ -250,6 +265,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
         drain_timeout_s: args.drain_timeout,
         unhealthy_after_failures: 3,
         seed: args.seed,
+        sampling,
     };
     let state = Arc::new(AppState::new(config, metrics::Window::new(slo, args.metrics_window), handle));
     Ok((state, slo))

@@ -49,6 +49,8 @@ pub struct ServeConfig {
     /// `--seed`: requests that send no seed draw theirs from a sequence this starts, in the
     /// order they are admitted; `None`: at random.
     pub seed: Option<u64>,
+    /// Sampling parameters of requests that send none (`--generation-config`).
+    pub sampling: super::gen_config::SamplingDefaults,
 }
 
 /// Serving phase.

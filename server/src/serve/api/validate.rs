@@ -162,7 +162,7 @@ fn bound_output(mut p: GenParams, num_prompts: usize, cfg: &ServeConfig, param: 
             return Err(ApiError::param(param, format!("{what} asks for more output tokens than this server allows per request ({cap})")));
         }
     }
-    p.default_max_tokens = (cap / choices).max(1);
+    p.default_max_tokens = (cap / choices).max(1).min(cfg.sampling.max_tokens.unwrap_or(usize::MAX));
     Ok(p)
 }
 
@@ -272,14 +272,16 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         Some(v) if v <= 0 => return Err(ApiError::param(max_tokens.1, format!("{} must be at least 1, got {v}", max_tokens.1))),
         Some(v) => Some(v as usize),
     };
-    let temperature = in_range("temperature", c.temperature, 0.0, 2.0, false)?.unwrap_or(1.0);
-    let top_p = in_range("top_p", c.top_p, 0.0, 1.0, true)?.unwrap_or(1.0);
+    let d = &cfg.sampling;
+    let temperature = in_range("temperature", c.temperature, 0.0, 2.0, false)?.unwrap_or(d.temperature);
+    let top_p = in_range("top_p", c.top_p, 0.0, 1.0, true)?.unwrap_or(d.top_p);
     let presence = in_range("presence_penalty", c.presence_penalty, -2.0, 2.0, false)?.unwrap_or(0.0);
     let frequency = in_range("frequency_penalty", c.frequency_penalty, -2.0, 2.0, false)?.unwrap_or(0.0);
-    let repetition = in_range("repetition_penalty", c.repetition_penalty, 0.0, 10.0, true)?.unwrap_or(1.0);
-    let min_p = in_range("min_p", c.min_p, 0.0, 1.0, false)?.unwrap_or(0.0);
+    let repetition = in_range("repetition_penalty", c.repetition_penalty, 0.0, 10.0, true)?.unwrap_or(d.repetition_penalty);
+    let min_p = in_range("min_p", c.min_p, 0.0, 1.0, false)?.unwrap_or(d.min_p);
     let top_k = match c.top_k {
-        None | Some(-1) | Some(0) => 0,
+        None => d.top_k,
+        Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k.min(u32::MAX as i64) as u32,
         Some(k) => return Err(ApiError::param("top_k", format!("top_k must be -1 (off) or positive, got {k}"))),
     };
@@ -344,7 +346,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         n,
         sampling,
         max_tokens,
-        default_max_tokens: cfg.max_request_output_tokens.max(1),
+        default_max_tokens: cfg.max_request_output_tokens.max(1).min(cfg.sampling.max_tokens.unwrap_or(usize::MAX)),
         min_tokens,
         stop,
         include_stop_str: c.include_stop_str_in_output.unwrap_or(false),
