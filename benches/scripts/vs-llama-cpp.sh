@@ -12,6 +12,8 @@
 # thread pool busy-polls and collapses when another process shares the cores.
 #
 # usage: benches/scripts/vs-llama-cpp.sh [THREADS=2] [REPS=3]
+# Writes report.md (provenance and the table) and every raw output into OUT (default
+# docs/bench/vs-llama-cpp-cpu-smollm2, the committed report the README cites).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 THREADS=${1:-2}
@@ -20,7 +22,7 @@ LLAMA_DIR=${LLAMA_DIR:-/tmp/llama-cpp}
 PACE=${PACE:-target/release/pace}
 MODEL=${MODEL:-${PACE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/pace}/SmolLM2-135M-Instruct.Q4_1.gguf}
 CONC=${CONC:-4,16,64}
-OUT=${OUT:-$(mktemp -d -t pace-vs-llama.XXXXXX)}
+OUT=${OUT:-docs/bench/vs-llama-cpp-cpu-smollm2}
 mkdir -p "$OUT"
 [ -x "$LLAMA_DIR/bin/llama-bench" ] || { echo "build llama.cpp first (tools/build-llama-cpp.sh $LLAMA_DIR)" >&2; exit 1; }
 [ -f "$MODEL" ] || "$PACE" generate --prompt hi --max-tokens 1 >/dev/null 2>&1 || true
@@ -66,7 +68,7 @@ for r in $(seq 1 "$REPS"); do
 done
 pp=$(median "${P_PP[@]}"); tg=$(median "${P_TG[@]}")
 ratio() { python3 -c 'import sys; print(f"{float(sys.argv[1])/float(sys.argv[2]):.2f}x")' "$1" "$2"; }
-echo
+table() {
 echo "| test ($THREADS threads, median of $REPS) | llama.cpp | pace | pace / llama.cpp |"
 echo "|---|---|---|---|"
 printf '| prefill tok/s, 512-token prompt | %.1f | %.1f | %s |\n' "$L_PP" "$pp" "$(ratio "$pp" "$L_PP")"
@@ -77,4 +79,18 @@ for n in ${CONC//,/ }; do
 done
 max_l=0; for n in ${CONC//,/ }; do [ "${L_RSS[$n]}" -gt "$max_l" ] && max_l=${L_RSS[$n]}; done
 printf '| peak RSS (llama-server at the largest -np; pace engine-bench with a KV cache of the same tokens) | %d MiB | %d MiB | |\n' $((max_l / 1024)) $((P_RSS / 1024))
-echo "(raw outputs in $OUT)"
+}
+{
+  echo "# pace against llama.cpp on the default model"
+  echo
+  echo "- Command: \`benches/scripts/vs-llama-cpp.sh $THREADS $REPS\`"
+  echo "- Commit: \`$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo -dirty)\`"
+  echo "- Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) logical cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+  echo "- llama.cpp: $("$LLAMA_DIR/bin/llama-bench" --version 2>&1 | head -1 || echo unknown)"
+  echo "- Model: $(basename "$MODEL")"
+  echo "- Date (UTC): $(date -u +%Y-%m-%dT%H:%M)"
+  echo
+  table
+  echo
+  echo "Raw outputs beside this file: llama-bench.json, llama-server-N.log, pace-R.json and pace-R.log."
+} | tee "$OUT/report.md"
