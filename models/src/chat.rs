@@ -116,6 +116,28 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         now: SystemTime,
     ) -> Result<String> {
+        self.render_full(messages, add_generation_prompt, &serde_json::Map::new(), now)
+    }
+
+    /// [`render`](Self::render) with extra template variables (vLLM's `chat_template_kwargs`,
+    /// e.g. `enable_thinking`); `messages`, `add_generation_prompt` and the special tokens
+    /// cannot be overridden by them.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        self.render_full(messages, add_generation_prompt, extra, SystemTime::now())
+    }
+
+    fn render_full(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        now: SystemTime,
+    ) -> Result<String> {
         let secs = now
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
@@ -124,12 +146,18 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| Error::Template(describe(&e)))?;
-        let ctx = context! {
+        let fixed = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
             __pace_now => secs,
+        };
+        let ctx = if extra.is_empty() {
+            fixed
+        } else {
+            // The fixed keys first: a merged context resolves a name from its first source.
+            context! { ..fixed, ..Value::from_serialize(extra) }
         };
         tmpl.render(ctx).map_err(|e| Error::Template(describe(&e)))
     }

@@ -107,3 +107,62 @@ async fn sampling_defaults_come_from_the_generation_config() {
     assert!(in_process(&bad.serve).is_err());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// vLLM's chat extras: `chat_template_kwargs` reach the template, `continue_final_message`
+/// cuts the rendering after the final assistant text, and the fields pace does not implement
+/// are refused by name. (Prompt lengths in bytes: the dummy model's tokenizer is byte-level.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_chat_extras_render_as_vllm_renders_them() {
+    let template = "{% if greeting %}{{ greeting }}{% endif %}{% for m in messages %}<<{{ m['role'] }}|{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}[bot]{% endif %}";
+    let args = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--chat-template", template]);
+    let state = in_process(&args.serve).expect("in-process server");
+    let chat = |extra: Value| {
+        let state = state.clone();
+        async move {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}], "max_tokens": 1});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let req = Request::post("/v1/chat/completions").header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap();
+            let resp = api::app(state).oneshot(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
+            (status, v)
+        }
+    };
+    let prompt_len = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // "<<user|hi>><<assistant|Once upon>>[bot]": 11 + 23 + 5 bytes.
+    let (st, v) = chat(json!({})).await;
+    assert_eq!((st, prompt_len(&v)), (200, 39), "{v}");
+    let (_, v) = chat(json!({"chat_template_kwargs": {"greeting": "HELLO"}})).await;
+    assert_eq!(prompt_len(&v), 44, "the kwarg reached the template: {v}");
+    let (_, v) = chat(json!({"chat_template_kwargs": {"add_generation_prompt": false}})).await;
+    assert_eq!(prompt_len(&v), 39, "a kwarg cannot override add_generation_prompt: {v}");
+    // "<<user|hi>><<assistant|Once upon": the reply continues the assistant's text.
+    let (st, v) = chat(json!({"continue_final_message": true})).await;
+    assert_eq!((st, prompt_len(&v)), (200, 32), "{v}");
+    let (_, v) = chat(json!({"continue_final_message": true, "add_generation_prompt": false})).await;
+    assert_eq!(prompt_len(&v), 32);
+    // Refusals name the field.
+    for (extra, param) in [
+        (json!({"continue_final_message": true, "add_generation_prompt": true}), "continue_final_message"),
+        (json!({"spaces_between_special_tokens": true, "skip_special_tokens": false}), "spaces_between_special_tokens"),
+        (json!({"use_beam_search": true}), "use_beam_search"),
+        (json!({"guided_json": {}}), "guided_json"),
+    ] {
+        let (st, v) = chat(extra.clone()).await;
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{extra}: {v}");
+    }
+    let (_, v) = chat(json!({"use_beam_search": true})).await;
+    assert!(v["error"]["message"].as_str().unwrap().contains("vLLM extension that pace does not support"), "{v}");
+    let (_, v) = chat(json!({"no_such_field": 1})).await;
+    assert!(v["error"]["message"].as_str().unwrap().contains("Unrecognized request argument"), "{v}");
+    // Continuing needs a final assistant message.
+    let req = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true, "max_tokens": 1}).to_string()))
+        .unwrap();
+    assert_eq!(api::app(state.clone()).oneshot(req).await.unwrap().status(), 400);
+    // spaces_between_special_tokens is harmless while special tokens are skipped (the default).
+    assert_eq!(chat(json!({"spaces_between_special_tokens": true})).await.0, 200);
+}

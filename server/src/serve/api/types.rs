@@ -8,7 +8,8 @@
 //!
 //! Extensions beyond OpenAI's set, as vLLM names them: `top_k`, `min_p`, `min_tokens`,
 //! `ignore_eos`, `repetition_penalty`, `stop_token_ids`, `skip_special_tokens`,
-//! `include_stop_str_in_output`, `priority` (an integer from -10 to 10, lower is served first;
+//! `include_stop_str_in_output`, and for chat `add_generation_prompt`, `continue_final_message`,
+//! `chat_template_kwargs`, `spaces_between_special_tokens`; `priority` (an integer from -10 to 10, lower is served first;
 //! default `--default-priority`: a request of priority `p` weighs `2^-p` in smooth goodput and
 //! in the smooth scheduler), and pace's smooth-goodput class: `reading_rate` (tokens/s the user
 //! reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is due;
@@ -205,6 +206,14 @@ with_common_params! {
         pub parallel_tool_calls: Option<bool>,
         /// Render the template with a generation prompt (default true).
         pub add_generation_prompt: Option<bool>,
+        /// vLLM's: the reply continues the final (assistant) message instead of starting a new
+        /// one; needs `add_generation_prompt` false or unset.
+        pub continue_final_message: Option<bool>,
+        /// vLLM's: extra variables for the chat template (e.g. `{"enable_thinking": false}`).
+        pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+        /// vLLM's: spaces between special tokens in the output text; only meaningful with
+        /// `skip_special_tokens` false, where pace supports only `false`.
+        pub spaces_between_special_tokens: Option<bool>,
     }
 }
 

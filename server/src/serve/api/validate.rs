@@ -131,7 +131,18 @@ impl ValidRequest {
         };
         let params = gen_params(&common, cfg, l.tokenizer.vocab_size(), (max_tokens, name), want_logprobs.then_some(top))?;
         let params = bound_output(params, 1, cfg, name)?;
-        let prompts = vec![chat_prompt(l, &req.messages, req.add_generation_prompt.unwrap_or(true))?];
+        if req.spaces_between_special_tokens == Some(true) && common.skip_special_tokens == Some(false) {
+            return Err(ApiError::param(
+                "spaces_between_special_tokens",
+                "spaces_between_special_tokens with skip_special_tokens false is not supported: special tokens are written without spaces",
+            ));
+        }
+        let opts = ChatOptions {
+            add_generation_prompt: req.add_generation_prompt,
+            continue_final_message: req.continue_final_message.unwrap_or(false),
+            template_kwargs: req.chat_template_kwargs.as_ref(),
+        };
+        let prompts = vec![chat_prompt_with(l, &req.messages, opts)?];
         check_lengths(&prompts, &params, l.max_model_len, "messages")?;
         Ok(Self { prompts, params, endpoint: Endpoint::Chat { logprobs: want_logprobs } })
     }
@@ -236,11 +247,43 @@ fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
+/// How a conversation is rendered: vLLM's chat options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatOptions<'a> {
+    /// `add_generation_prompt` as sent (`None`: true, unless the final message is continued).
+    pub add_generation_prompt: Option<bool>,
+    /// `continue_final_message`.
+    pub continue_final_message: bool,
+    /// `chat_template_kwargs`.
+    pub template_kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
 /// The conversation rendered with the model's chat template and tokenized (also what
 /// `/tokenize` counts for `messages`).
 pub fn chat_prompt(l: &Loaded, messages: &[MessageIn], add_generation_prompt: bool) -> Result<Prompt, ApiError> {
+    chat_prompt_with(l, messages, ChatOptions { add_generation_prompt: Some(add_generation_prompt), ..ChatOptions::default() })
+}
+
+/// [`chat_prompt`] with vLLM's options. `continue_final_message`: the final message must be the
+/// assistant's; the rendering is cut right after its text, so the reply continues it.
+pub fn chat_prompt_with(l: &Loaded, messages: &[MessageIn], opts: ChatOptions) -> Result<Prompt, ApiError> {
     let msgs = chat_messages(messages)?;
-    let text = l.template.render(&msgs, add_generation_prompt).map_err(|e| ApiError::param("messages", e.to_string()))?;
+    if opts.continue_final_message && opts.add_generation_prompt == Some(true) {
+        return Err(ApiError::param("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true"));
+    }
+    let add = opts.add_generation_prompt.unwrap_or(!opts.continue_final_message);
+    let empty = serde_json::Map::new();
+    let kwargs = opts.template_kwargs.unwrap_or(&empty);
+    let mut text = l.template.render_with(&msgs, add, kwargs).map_err(|e| ApiError::param("messages", e.to_string()))?;
+    if opts.continue_final_message {
+        let last = msgs.last().filter(|m| m.role == "assistant" && !m.content.is_empty()).ok_or_else(|| {
+            ApiError::param("continue_final_message", "continue_final_message needs a final assistant message with text to continue")
+        })?;
+        let end = text.rfind(&last.content).map(|i| i + last.content.len()).ok_or_else(|| {
+            ApiError::param("continue_final_message", "the chat template's rendering does not contain the final message's text")
+        })?;
+        text.truncate(end);
+    }
     let tokens = l.tokenizer.encode(&text, false).map_err(|e| ApiError::param("messages", e.to_string()))?;
     Ok(Prompt { tokens, text })
 }
