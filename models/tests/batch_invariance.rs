@@ -105,7 +105,7 @@ fn new_seq(runner: &mut ModelRunner, id: u64, prompt: Vec<u32>, want: usize) -> 
 
 #[test]
 fn needle_tokens_are_identical_alone_in_batches_chunked_and_preempted() {
-    let lm = load(&ModelSource::Default, &LoadOptions { device: Device::Cpu, max_model_len: Some(2048), seed: 0 }).unwrap();
+    let lm = load(&ModelSource::Default, &LoadOptions { max_model_len: Some(2048), ..LoadOptions::on(Device::Cpu) }).unwrap();
     let prompt = needle(&lm.tokenizer, &lm.chat_template);
     let vocab = lm.tokenizer.vocab_size() as u32;
     let cache = KvCache::new(lm.model.config(), 640, BLOCK, DType::F16, &Device::Cpu).unwrap();
