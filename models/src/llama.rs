@@ -66,7 +66,15 @@ impl Llama {
         let (nq, nkv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         let embed = w.embedding(cfg.vocab_size, h)?;
         let mut blocks = Vec::with_capacity(cfg.num_layers);
+        // One line of progress, rewritten per layer, on a terminal only (logs stay clean).
+        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr()) && cfg.num_layers > 1;
         for i in 0..cfg.num_layers {
+            if progress {
+                eprint!("\rpace: loading weights: layer {}/{}", i + 1, cfg.num_layers);
+                if i + 1 == cfg.num_layers {
+                    eprintln!();
+                }
+            }
             let t = |x| TensorId::Layer(i, x);
             let qkv = vec![
                 w.linear(t(LayerTensor::Q), nq, h)?,

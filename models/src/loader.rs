@@ -2,7 +2,8 @@
 //!
 //! `--model` accepts: nothing (the default model, fetched on first use), a `.gguf` file, a
 //! Hugging Face model directory (`config.json`, `*.safetensors`, `tokenizer.json`,
-//! `tokenizer_config.json`), or `dummy:NAME[:STORAGE]` — random weights of a named shape
+//! `tokenizer_config.json`), a Hugging Face id `org/name[:FILE.gguf]` found in the local Hugging
+//! Face cache ([`crate::hf_cache`]), or `dummy:NAME[:STORAGE]` — random weights of a named shape
 //! (`STORAGE`: `f32`, `f16`, `bf16`, `q4` or `q8`; default f32 on the CPU, bf16 on a GPU).
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,13 @@ pub enum ModelSource {
     Gguf(PathBuf),
     /// A Hugging Face model directory.
     HfDir(PathBuf),
+    /// A model by Hugging Face id, resolved in the local Hugging Face cache.
+    Hub {
+        /// The id as given (`org/name`, without a `:FILE.gguf`): the name it is served under.
+        id: String,
+        /// What it resolved to: [`ModelSource::Gguf`] or [`ModelSource::HfDir`].
+        inner: Box<ModelSource>,
+    },
     /// Random weights of a named shape.
     Dummy {
         /// Preset name (see [`LlamaConfig::PRESETS`]).
@@ -60,9 +68,31 @@ impl ModelSource {
         if path.is_file() {
             return Ok(Self::Gguf(path));
         }
+        if crate::hf_cache::looks_like_id(spec) {
+            return Self::from_hub(spec, &crate::hf_cache::hub_dirs());
+        }
         Err(Error::Invalid(format!(
-            "--model {spec}: no such file or directory (give a .gguf file, a Hugging Face model directory, or dummy:NAME)"
+            "--model {spec}: no such file or directory (give a .gguf file, a Hugging Face model directory, \
+             a Hugging Face id org/name[:FILE.gguf] in the local cache, or dummy:NAME)"
         )))
+    }
+
+    /// Resolves a Hugging Face id in the hub caches `dirs` (the first holding it wins).
+    pub fn from_hub(spec: &str, dirs: &[PathBuf]) -> Result<Self> {
+        let inner = match crate::hf_cache::resolve(spec, dirs)? {
+            crate::hf_cache::Resolved::HfDir(d) => Self::HfDir(d),
+            crate::hf_cache::Resolved::Gguf(f) => Self::Gguf(f),
+        };
+        let id = spec.split_once(':').map_or(spec, |(repo, _)| repo).to_string();
+        Ok(Self::Hub { id, inner: Box::new(inner) })
+    }
+
+    /// The file or directory the weights come from (the resolved one for a Hugging Face id).
+    pub fn local(&self) -> &Self {
+        match self {
+            Self::Hub { inner, .. } => inner.local(),
+            other => other,
+        }
     }
 
     /// The name the model is served under by default.
@@ -76,6 +106,7 @@ impl ModelSource {
                 .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| "model".into()),
             Self::Dummy { name, .. } => format!("dummy-{name}"),
+            Self::Hub { id, .. } => id.clone(),
         }
     }
 }
@@ -190,7 +221,8 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
             opts.dtype.unwrap_or(DType::F32)
         )));
     }
-    let (cfg, loader, tokenizer, description) = match source {
+    let (cfg, loader, tokenizer, description) = match source.local() {
+        ModelSource::Hub { .. } => unreachable!("local() resolves a hub id"),
         ModelSource::Default => {
             let path = fetch::default_model_path()?;
             gguf_parts(&path, dev, opts.dtype)?

@@ -112,6 +112,7 @@ impl SamplingDefaults {
 /// Where `--generation-config auto` looks: next to the model's files.
 fn model_config_file(source: &ModelSource) -> Option<PathBuf> {
     let p = match source {
+        ModelSource::Hub { inner, .. } => return model_config_file(inner),
         ModelSource::HfDir(dir) => dir.join("generation_config.json"),
         ModelSource::Gguf(file) => file.parent()?.join("generation_config.json"),
         ModelSource::Default | ModelSource::Dummy { .. } => return None,
