@@ -30,6 +30,7 @@ fn loaded(policy: &str) -> Scheduler {
             stop_token_ids: vec![],
             arrival: 0.0,
             class: None,
+            cache_salt: None,
         };
         s.add(req, 0.0).expect("admitted");
     }
@@ -50,6 +51,7 @@ fn loaded(policy: &str) -> Scheduler {
             stop_token_ids: vec![],
             arrival: now,
             class: Some(patient),
+            cache_salt: None,
         };
         s.add(req, now).expect("admitted");
     }

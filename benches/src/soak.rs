@@ -532,7 +532,7 @@ pub struct Sample {
     pub running: f64,
     /// `pace_num_requests_waiting`.
     pub waiting: f64,
-    /// `pace_kv_cache_usage_ratio`.
+    /// `pace_kv_cache_usage_perc`.
     pub kv_usage: f64,
     /// `pace_inflight_max_idle_latency_seconds`.
     pub inflight_idle_s: f64,
@@ -552,7 +552,7 @@ fn sample_of(m: &Series, t: f64) -> Sample {
         rss_bytes: sum(m, "process_resident_memory_bytes", any),
         running: sum(m, "pace_num_requests_running", any),
         waiting: sum(m, "pace_num_requests_waiting", any),
-        kv_usage: sum(m, "pace_kv_cache_usage_ratio", any),
+        kv_usage: sum(m, "pace_kv_cache_usage_perc", any),
         inflight_idle_s: sum(m, "pace_inflight_max_idle_latency_seconds", any),
     }
 }

@@ -23,11 +23,16 @@ RI = "$__rate_interval"
 LATENCY = [
     ("pace_time_to_first_token_seconds", "Time to first token (TTFT)", "Arrival to first token delivered."),
     ("pace_inter_token_latency_seconds", "Inter-token latency (ITL)", "Every gap between two delivered tokens of a stream."),
-    ("pace_time_per_output_token_seconds", "Time per output token (TPOT)", "(last token - first token) / (tokens - 1), per request."),
+    ("pace_request_time_per_output_token_seconds", "Time per output token (TPOT)", "(last token - first token) / (tokens - 1), per request."),
     ("pace_e2e_request_latency_seconds", "End-to-end latency (E2E)", "Arrival to the last token of the response."),
     ("pace_user_idle_latency_seconds", "User idle latency", "max(0, max_i(t_i - d_i)) with d_i = a + g + i/q: how long a reader "
      "consuming q tokens/s sat with nothing left to read (docs/metrics.md)."),
     ("pace_request_queue_time_seconds", "Queue time", "Arrival to the first scheduled step of the request."),
+    ("pace_request_prefill_time_seconds", "Prefill time", "First scheduled step to the first token delivered, per request "
+     "(queue time + prefill time = TTFT)."),
+    ("pace_request_decode_time_seconds", "Decode time", "First token delivered to the last, per request."),
+    ("pace_request_inference_time_seconds", "Inference time", "First scheduled step to the last token delivered, per request "
+     "(prefill + decode)."),
 ]
 
 
@@ -178,8 +183,8 @@ def build():
         b.stat("TPOT attainment over the range (TPOT <= $tpot_slo s)",
                "Share of requests in the dashboard's time range whose TPOT fell in the SLO bucket: "
                "bucket{le=TPOT SLO} / count.",
-               [(f'sum by (scheduler) (increase(pace_time_per_output_token_seconds_bucket{{{SEL}, le=~"${{tpot_slo}}([.]0+)?"}}[$__range])) '
-                 f"/ sum by (scheduler) (increase(pace_time_per_output_token_seconds_count{{{SEL}}}[$__range]))", "{{scheduler}}")],
+               [(f'sum by (scheduler) (increase(pace_request_time_per_output_token_seconds_bucket{{{SEL}, le=~"${{tpot_slo}}([.]0+)?"}}[$__range])) '
+                 f"/ sum by (scheduler) (increase(pace_request_time_per_output_token_seconds_count{{{SEL}}}[$__range]))", "{{scheduler}}")],
                "percentunit", decimals=1,
                steps=[{"color": "red", "value": None}, {"color": "orange", "value": 0.8}, {"color": "green", "value": 0.9}]),
         b.stat("Mean user idle latency over the range",
@@ -200,7 +205,7 @@ def build():
         targets = quantiles(metric)
         if metric == "pace_time_to_first_token_seconds":
             targets.append(("vector($ttft_slo)", "SLO"))
-        if metric == "pace_time_per_output_token_seconds":
+        if metric == "pace_request_time_per_output_token_seconds":
             targets.append(("vector($tpot_slo)", "SLO"))
         panels.append(b.ts(f"{title}: p50 / p90 / p99 / mean by scheduler",
                            desc + " Quantiles from histogram buckets over 1 m (recorded rates).", targets, "s", minv=0))
@@ -224,8 +229,13 @@ def build():
     ], 8)
     b.place([
         b.heatmap("Inter-token latency distribution ($scheduler)",
-                  "Token gaps per second in each ITL bucket (recorded 1 m rates).",
+                  "Token gaps per second in each ITL bucket (recorded 1 m rates), observed as each token is delivered: "
+                  "a stall appears when the stalled token arrives, not when its request ends.",
                   f'sum by (le) (instance:pace_inter_token_latency_seconds_bucket:rate1m{{{SEL}}})', "s"),
+        b.heatmap("Token lateness distribution ($scheduler)",
+                  "Delivered tokens per second in each lateness bucket: how late each token came against its reader's "
+                  "deadline (0: on time), observed at delivery. A request's idle latency is its largest token lateness.",
+                  f'sum by (le) (instance:pace_token_lateness_seconds_bucket:rate1m{{{SEL}}})', "s"),
     ], 8)
 
     # ---------------------------------------------------------------- load
@@ -239,7 +249,7 @@ def build():
              [(f"sum by (instance, scheduler) (pace_num_requests_waiting{{{SEL}}})", "{{instance}} {{scheduler}}")],
              "short", w=8, minv=0),
         b.ts("KV cache usage by instance", "Share of KV-cache blocks in use (alert PaceKVCacheSaturated above 95%).",
-             [(f"max by (instance, scheduler) (pace_kv_cache_usage_ratio{{{SEL}}})", "{{instance}} {{scheduler}}")],
+             [(f"max by (instance, scheduler) (pace_kv_cache_usage_perc{{{SEL}}})", "{{instance}} {{scheduler}}")],
              "percentunit", w=8, minv=0, maxv=1,
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 0.95}]),
     ], 8)
@@ -259,7 +269,7 @@ def build():
              "evicted from the KV cache (recomputed later). A flat 0 means none yet.",
              [(zero_fallback(f'sum by (scheduler) (rate(pace_requests_total{{{SEL}, finished_reason="dropped"}}[{RI}]))', "scheduler"),
                "{{scheduler}} dropped/s"),
-              (zero_fallback(f"sum by (scheduler) (rate(pace_preemptions_total{{{SEL}}}[{RI}]))", "scheduler"),
+              (zero_fallback(f"sum by (scheduler) (rate(pace_num_preemptions_total{{{SEL}}}[{RI}]))", "scheduler"),
                "{{scheduler}} preemptions/s")], "short", w=8, minv=0),
     ], 8)
     b.place([
@@ -267,7 +277,9 @@ def build():
              "Finished requests per second, every reason (the offered load as the server sees it), and completed ones.",
              [(f"sum by (scheduler) (rate(pace_requests_total{{{SEL}}}[{RI}]))", "{{scheduler}} all"),
               (f'sum by (scheduler) (rate(pace_requests_total{{{SEL}, finished_reason=~"stop|length"}}[{RI}]))',
-               "{{scheduler}} completed")], "reqps", minv=0),
+               "{{scheduler}} completed"),
+              (f"sum by (scheduler) (rate(pace_request_success_total{{{SEL}}}[{RI}]))",
+               "{{scheduler}} success (vLLM's meaning: stop, length, abort)")], "reqps", minv=0),
         b.ts("Token throughput by scheduler", "Prompt tokens processed and output tokens generated per second.",
              [(f"sum by (scheduler) (rate(pace_prompt_tokens_total{{{SEL}}}[{RI}]))", "{{scheduler}} prompt"),
               (f"sum by (scheduler) (rate(pace_generation_tokens_total{{{SEL}}}[{RI}]))", "{{scheduler}} generation")],
@@ -306,7 +318,7 @@ def build():
              quantiles("pace_step_duration_seconds", by="instance"), "s", minv=0),
         b.ts("Tokens per step by instance: p50 / p90 / p99 / mean",
              "Tokens in one step's batch (prefill chunks plus decodes).",
-             quantiles("pace_step_batch_tokens", by="instance"), "short", minv=0),
+             quantiles("pace_iteration_tokens_total", by="instance"), "short", minv=0),
     ], 8)
     b.place([
         b.ts("Steps per second by instance", "Engine steps per second; near zero with requests running means a stuck engine.",
@@ -316,6 +328,23 @@ def build():
              [(f"sum by (instance, scheduler) (instance:pace_step_duration_seconds_sum:rate1m{{{SEL}}})", "{{instance}} {{scheduler}}")],
              "percentunit", minv=0),
     ], 8)
+    b.place([
+        b.ts("Prefix cache hit rate by instance",
+             "Share of admitted prompt tokens whose KV came from the prefix cache (reused, not computed): "
+             "rate(pace_prefix_cache_hits_total) / rate(pace_prefix_cache_queries_total). Chat traffic that "
+             "re-sends its system prompt and history hits; random prompts do not.",
+             [(f"sum by (instance, scheduler) (rate(pace_prefix_cache_hits_total{{{SEL}}}[{RI}])) "
+               f"/ sum by (instance, scheduler) (rate(pace_prefix_cache_queries_total{{{SEL}}}[{RI}]))",
+               "{{instance}} {{scheduler}}")], "percentunit", w=24, minv=0, maxv=1),
+    ], 8)
+    b.place([
+        b.stat("KV cache configuration by instance",
+               "pace_cache_config_info (vLLM's cache_config_info): tokens per block, blocks in the pool, the cache's "
+               "element type and whether prefix caching is on, as labels.",
+               [(f"max by (instance, block_size, num_gpu_blocks, cache_dtype, enable_prefix_caching) (pace_cache_config_info{{{SEL}}})",
+                 "{{instance}}: {{num_gpu_blocks}} blocks x {{block_size}} tokens, {{cache_dtype}}, prefix caching {{enable_prefix_caching}}")],
+               "none", w=24),
+    ], 4)
     # The scheduler's own predictions: smooth plans steps and admits by them.
     within = lambda m: (f'(sum by (scheduler) (instance:{m}_bucket:rate1m{{{SEL}, le=~"1[.]10*"}}) '
                         f'- sum by (scheduler) (instance:{m}_bucket:rate1m{{{SEL}, le=~"0[.]90*"}})) '

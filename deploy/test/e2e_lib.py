@@ -281,7 +281,7 @@ def scrape_contract(inst, strict):
         if ln.startswith("pace_") and not ("model_name=" in ln and "scheduler=" in ln):
             errors.append(f"{inst.name}: series without model_name/scheduler: {ln[:120]}")
             break
-    for metric, want in (("pace_time_to_first_token_seconds", ("2", "2.0")), ("pace_time_per_output_token_seconds", ("0.1",))):
+    for metric, want in (("pace_time_to_first_token_seconds", ("2", "2.0")), ("pace_request_time_per_output_token_seconds", ("0.1",))):
         les = {ln.split('le="')[1].split('"')[0] for ln in series if ln.startswith(metric + "_bucket") and 'le="' in ln}
         if les and not les & set(want):
             errors.append(f"{inst.name}: {metric} has no bucket le={want[0]} (the default SLO threshold); has {sorted(les)}")

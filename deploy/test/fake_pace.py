@@ -40,20 +40,24 @@ RATIO_BUCKETS = [0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 4]
 HISTOGRAMS = {
     "pace_time_to_first_token_seconds": LAT_BUCKETS,
     "pace_inter_token_latency_seconds": LAT_BUCKETS,
-    "pace_time_per_output_token_seconds": LAT_BUCKETS,
+    "pace_request_time_per_output_token_seconds": LAT_BUCKETS,
     "pace_e2e_request_latency_seconds": LAT_BUCKETS,
     "pace_user_idle_latency_seconds": [0, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80],
     "pace_request_queue_time_seconds": LAT_BUCKETS,
     "pace_request_prompt_tokens": TOKEN_BUCKETS,
     "pace_request_generation_tokens": TOKEN_BUCKETS,
     "pace_step_duration_seconds": [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
-    "pace_step_batch_tokens": TOKEN_BUCKETS,
+    "pace_iteration_tokens_total": TOKEN_BUCKETS,
     "pace_step_time_prediction_error_ratio": RATIO_BUCKETS,
     "pace_output_length_prediction_error_ratio": RATIO_BUCKETS,
+    "pace_request_prefill_time_seconds": LAT_BUCKETS,
+    "pace_request_decode_time_seconds": LAT_BUCKETS,
+    "pace_request_inference_time_seconds": LAT_BUCKETS,
+    "pace_token_lateness_seconds": [0, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80],
 }
 GAUGES = ["pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
           "pace_slo_attainment_ratio", "pace_inflight_max_idle_latency_seconds", "pace_num_requests_running",
-          "pace_num_requests_waiting", "pace_kv_cache_usage_ratio", "process_resident_memory_bytes"]
+          "pace_num_requests_waiting", "pace_kv_cache_usage_perc", "process_resident_memory_bytes"]
 ROUTES = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/version"]
 FINISHED = ["stop", "length", "abort", "dropped", "rejected", "error"]
 REJECTED = ["queue_full", "queue_tokens", "predicted_late", "too_long"]
@@ -78,8 +82,9 @@ class Registry:
         # Every label value pre-registered at 0, which is what the real server should do too.
         self.counters = {f'pace_requests_total{{{self.labels},finished_reason="{r}"}}': 0 for r in FINISHED}
         self.counters.update({f'pace_requests_rejected_total{{{self.labels},reason="{r}"}}': 0 for r in REJECTED})
-        for c in ["pace_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total",
-                  "pace_http_connections_refused_total"]:
+        self.counters.update({f'pace_request_success_total{{{self.labels},finished_reason="{r}"}}': 0 for r in ("stop", "length", "abort")})
+        for c in ["pace_num_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total",
+                  "pace_http_connections_refused_total", "pace_prefix_cache_queries_total", "pace_prefix_cache_hits_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)
@@ -116,12 +121,15 @@ class Registry:
                 "pace_inflight_max_idle_latency_seconds": max(0.0, idle_now),
                 "pace_num_requests_running": running,
                 "pace_num_requests_waiting": waiting,
-                "pace_kv_cache_usage_ratio": min(1.0, 0.05 + 0.12 * running),
+                "pace_kv_cache_usage_perc": min(1.0, 0.05 + 0.12 * running),
                 "process_resident_memory_bytes": 180e6 + 1e6 * running,
             }
             lines = []
             for g in GAUGES:
                 lines += [f"# TYPE {g} gauge", f"{g}{{{self.labels}}} {fmt(gauges[g])}"]
+            lines += ["# TYPE pace_cache_config_info gauge",
+                      f'pace_cache_config_info{{{self.labels},block_size="16",num_gpu_blocks="4096",cache_dtype="f16",'
+                      f'enable_prefix_caching="True"}} 1']
             names = sorted({k.split("{")[0] for k in self.counters})
             for c in names:
                 lines.append(f"# TYPE {c} counter")
@@ -212,9 +220,10 @@ def make_handler(args, reg, sim):
             with reg.lock:
                 reg.inflight[rid] = (arrival, 0, True)
             reg.observe("pace_request_queue_time_seconds", queue)
+            scheduled = time.time()
             time.sleep(ttft_base * 0.4)
             if sim.rng.random() < (0.15 if sim.s == "fcfs" else 0.03):
-                reg.inc("pace_preemptions_total")
+                reg.inc("pace_num_preemptions_total")
             stream = bool(body.get("stream"))
             if stream:
                 self.send_response(200)
@@ -226,6 +235,13 @@ def make_handler(args, reg, sim):
                 if i:
                     time.sleep(itl * (1.0 + 3.0 * (sim.rng.random() < 0.05)))
                 t = time.time()
+                # Per-token series at delivery, as the server observes them.
+                if times:
+                    reg.observe("pace_inter_token_latency_seconds", t - times[-1])
+                else:
+                    reg.observe("pace_time_to_first_token_seconds", t - arrival)
+                reg.observe("pace_token_lateness_seconds", max(0.0, t - (arrival + (i + 1) / READING_RATE)))
+                reg.inc("pace_generation_tokens_total")
                 times.append(t)
                 with reg.lock:
                     reg.inflight[rid] = (arrival, i + 1, True)
@@ -238,10 +254,10 @@ def make_handler(args, reg, sim):
             ttft = times[0] - arrival
             tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else 0.0
             idle = max(0.0, max(t - (arrival + (i + 1) / READING_RATE) for i, t in enumerate(times)))
-            reg.observe("pace_time_to_first_token_seconds", ttft)
-            for a, b in zip(times, times[1:]):
-                reg.observe("pace_inter_token_latency_seconds", b - a)
-            reg.observe("pace_time_per_output_token_seconds", tpot)
+            reg.observe("pace_request_time_per_output_token_seconds", tpot)
+            reg.observe("pace_request_prefill_time_seconds", times[0] - scheduled)
+            reg.observe("pace_request_decode_time_seconds", times[-1] - times[0])
+            reg.observe("pace_request_inference_time_seconds", times[-1] - scheduled)
             reg.observe("pace_e2e_request_latency_seconds", times[-1] - arrival)
             reg.observe("pace_user_idle_latency_seconds", idle)
             reg.observe("pace_request_prompt_tokens", n_prompt)
@@ -249,8 +265,10 @@ def make_handler(args, reg, sim):
             # The fake's requests all end by length; score a made-up expectation as if stopped.
             reg.observe("pace_output_length_prediction_error_ratio", 0.6 + 0.8 * sim.rng.random())
             reg.inc("pace_prompt_tokens_total", by=n_prompt)
-            reg.inc("pace_generation_tokens_total", by=n)
+            reg.inc("pace_prefix_cache_queries_total", by=n_prompt)
+            reg.inc("pace_prefix_cache_hits_total", by=int(n_prompt * (0.6 if sim.s == "smooth" else 0.5) * sim.rng.random()))
             reg.inc("pace_requests_total", 'finished_reason="length"')
+            reg.inc("pace_request_success_total", 'finished_reason="length"')
             passed = ttft <= SLO_TTFT and tpot <= SLO_TPOT
             with reg.lock:
                 reg.inflight.pop(rid, None)
@@ -280,7 +298,7 @@ def engine_loop(reg, stop):
         if running:
             d = 0.004 + 0.003 * running * rng.random()
             reg.observe("pace_step_duration_seconds", d)
-            reg.observe("pace_step_batch_tokens", running + (rng.random() < 0.2) * 64)
+            reg.observe("pace_iteration_tokens_total", running + (rng.random() < 0.2) * 64)
             reg.observe("pace_step_time_prediction_error_ratio", rng.lognormvariate(0.0, 0.06))
             time.sleep(d)
         else:

@@ -15,23 +15,26 @@ RULES_DIR = os.path.join(DEPLOY, "prometheus", "rules")
 # The server's metric contract (issue 4, item 5; docs/metrics.md). Every series carries
 # model_name and scheduler.
 HISTOGRAMS = [
-    "pace_time_to_first_token_seconds", "pace_inter_token_latency_seconds", "pace_time_per_output_token_seconds",
+    "pace_time_to_first_token_seconds", "pace_inter_token_latency_seconds", "pace_request_time_per_output_token_seconds",
     "pace_e2e_request_latency_seconds", "pace_user_idle_latency_seconds", "pace_request_queue_time_seconds",
     "pace_request_prompt_tokens", "pace_request_generation_tokens", "pace_step_duration_seconds",
-    "pace_step_batch_tokens", "pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio",
+    "pace_iteration_tokens_total", "pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio",
+    "pace_request_prefill_time_seconds", "pace_request_decode_time_seconds", "pace_request_inference_time_seconds",
+    "pace_token_lateness_seconds",
 ]
 GAUGES = [
     "pace_goodput_requests_per_second", "pace_goodput_tokens_per_second", "pace_smooth_goodput_per_second",
     "pace_slo_attainment_ratio", "pace_inflight_max_idle_latency_seconds", "pace_num_requests_running",
-    "pace_num_requests_waiting", "pace_kv_cache_usage_ratio", "process_resident_memory_bytes",
+    "pace_num_requests_waiting", "pace_kv_cache_usage_perc", "process_resident_memory_bytes", "pace_cache_config_info",
 ]
 COUNTERS = [
-    "pace_requests_total", "pace_requests_rejected_total", "pace_preemptions_total", "pace_prompt_tokens_total",
+    "pace_requests_total", "pace_requests_rejected_total", "pace_num_preemptions_total", "pace_prompt_tokens_total",
     "pace_generation_tokens_total", "pace_http_requests_total", "pace_http_connections_refused_total",
+    "pace_request_success_total", "pace_prefix_cache_queries_total", "pace_prefix_cache_hits_total",
 ]
 # Counters of events a short, light load may not cause; a server that registers its series lazily
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).
-EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_preemptions_total"]
+EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_num_preemptions_total"]
 # Histograms of events a short load may not cause either: the length prediction is scored only on
 # requests that stopped by themselves (a load of short max_tokens may have none). Their series,
 # what the rules record from them, and panels that read only those, are warnings unless strict.

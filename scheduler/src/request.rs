@@ -22,6 +22,9 @@ pub struct NewRequest {
     pub arrival: f64,
     /// Reading class for deadlines; `None` takes the configured default.
     pub class: Option<SloClass>,
+    /// Prefix-cache salt: requests share cached prefixes only with requests of the same salt
+    /// (`None`: the shared default). A salt nobody else uses opts a request out of sharing.
+    pub cache_salt: Option<u64>,
 }
 
 /// Why a request ended.

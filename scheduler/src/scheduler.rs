@@ -20,13 +20,20 @@
 //! Every request is in exactly one state: waiting (never started, or preempted and waiting to
 //! recompute), running, or finished (then it is gone from here and listed once in the next plan's
 //! `released`). A finished request holds no block.
+//!
+//! Prefix caching (`enable_prefix_caching`): after each step, every block that step filled is
+//! registered in the pool under the hash of its tokens chained with its parent's (`update`); a
+//! request starting (or restarting after a preemption) takes the longest registered chain of
+//! its tokens, up to the last full block before its last token, and computes only the rest.
+//! Admission and planning see that: a waiting request's view counts its cached prefix as
+//! computed. A request's `cache_salt` keeps it from sharing with requests of another salt.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{chain_hash, BlockPool, ROOT_HASH};
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
 use crate::lengths::{LengthModel, LengthPrior};
 use crate::patience::PatienceModel;
@@ -59,6 +66,9 @@ pub struct SchedulerConfig {
     /// Where the output-length model starts, and how much it remembers.
     #[serde(default)]
     pub lengths: LengthPrior,
+    /// Reuse the KV blocks of prefixes other requests computed (vLLM's `--enable-prefix-caching`).
+    #[serde(default)]
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -80,6 +90,7 @@ impl Default for SchedulerConfig {
                 per_attn_pair_s: 0.0,
             },
             lengths: LengthPrior::default(),
+            enable_prefix_caching: false,
         }
     }
 }
@@ -170,6 +181,12 @@ pub struct SchedulerStats {
     pub max_idle_in_flight: f64,
     /// Steps planned.
     pub steps: u64,
+    /// Prompt tokens of requests added, looked up in the prefix cache (0 with it off).
+    #[serde(default)]
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached when the requests started.
+    #[serde(default)]
+    pub prefix_cache_hits: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +216,17 @@ struct Req {
     granted_in: u64,
     /// Output the length model expected of it at admission.
     expected_output: f64,
+    /// Prefix-cache salt (0: the shared default).
+    salt: u64,
+    /// Per full block registered so far (a prefix of `blocks`): its chain hash and the block the
+    /// cache holds for it (this request's, or an identical one).
+    chain: Vec<(u64, u32)>,
+    /// A different prefix holds one of this request's hashes: register nothing further.
+    chain_broken: bool,
+    /// Prompt tokens found in the prefix cache when it started (first start only).
+    cached_tokens: Option<usize>,
+    /// Cached prefix tokens seen at admission, counted as computed in a waiting request's view.
+    cached_hint: usize,
 }
 
 impl Req {
@@ -213,7 +241,7 @@ impl Req {
             class: self.class,
             prompt_len: self.prompt_len,
             num_tokens: self.tokens.len(),
-            num_computed: self.num_computed,
+            num_computed: if self.blocks.is_empty() { self.num_computed.max(self.cached_hint) } else { self.num_computed },
             num_output: self.num_output(),
             max_output: self.max_output,
             blocks_held: self.blocks.len(),
@@ -288,6 +316,8 @@ pub struct Scheduler {
     decisions: Decisions,
     /// `expected / actual` output of requests that stopped by themselves, until drained.
     length_errors: Vec<f64>,
+    prefix_queries: u64,
+    prefix_hits: u64,
 }
 
 /// Undrained length errors kept at most (a caller that never drains loses the rest).
@@ -300,7 +330,7 @@ impl Scheduler {
     /// If `block_size`, `max_num_seqs`, `max_batch_tokens` or `max_model_len` is zero.
     pub fn new(cfg: SchedulerConfig, policy: Box<dyn Policy>) -> Self {
         assert!(cfg.block_size > 0 && cfg.max_num_seqs > 0 && cfg.max_batch_tokens > 0 && cfg.max_model_len > 0);
-        let pool = BlockPool::new(cfg.num_kv_blocks.max(1));
+        let pool = BlockPool::new(cfg.num_kv_blocks.max(1), cfg.block_size.max(1));
         let max_len = cfg.max_model_len.min(pool.capacity() * cfg.block_size);
         Self {
             cost: StepCostModel::new(cfg.cost_prior),
@@ -330,6 +360,8 @@ impl Scheduler {
             running_dirty: false,
             decisions: Decisions::default(),
             length_errors: Vec::new(),
+            prefix_queries: 0,
+            prefix_hits: 0,
             cfg,
         }
     }
@@ -391,6 +423,11 @@ impl Scheduler {
             return Err(rej);
         }
         let max_output = req.max_tokens.min(self.max_len - req.prompt.len());
+        let salt = req.cache_salt.unwrap_or(0);
+        let cached_hint = self.cached_prefix(&req.prompt, salt).len() * self.cfg.block_size;
+        if self.cfg.enable_prefix_caching {
+            self.prefix_queries += req.prompt.len() as u64;
+        }
         let r = Req {
             id: req.id,
             prompt_len: req.prompt.len(),
@@ -409,6 +446,11 @@ impl Scheduler {
             num_preemptions: 0,
             granted_in: u64::MAX,
             expected_output: self.lengths.expected_total(max_output),
+            salt,
+            chain: Vec::new(),
+            chain_broken: false,
+            cached_tokens: None,
+            cached_hint,
         };
         self.queued_tokens += r.tokens.len();
         let slot = match self.free_slots.pop() {
@@ -452,7 +494,7 @@ impl Scheduler {
             class: req.class.unwrap_or(self.cfg.slo.default_class),
             prompt_len: req.prompt.len(),
             num_tokens: req.prompt.len(),
-            num_computed: 0,
+            num_computed: self.cached_prefix(&req.prompt, req.cache_salt.unwrap_or(0)).len() * self.cfg.block_size,
             num_output: 0,
             max_output: req.max_tokens.min(self.max_len - req.prompt.len()),
             blocks_held: 0,
@@ -473,6 +515,75 @@ impl Scheduler {
         policy.admit(&view, &ctx).or_else(|(reason, retry)| refuse(reason, retry))?;
         self.view_waiting.push(view);
         Ok(())
+    }
+
+    /// The registered blocks holding a prefix of `tokens` (salted `salt`) that a request could
+    /// start from: full blocks only, and never its last token (whose logits it must compute).
+    fn cached_prefix(&self, tokens: &[u32], salt: u64) -> Vec<u32> {
+        if !self.cfg.enable_prefix_caching || tokens.is_empty() {
+            return Vec::new();
+        }
+        self.pool.lookup(tokens, salt, (tokens.len() - 1) / self.cfg.block_size)
+    }
+
+    /// A waiting request holding no block starts from the cached prefix of its tokens: it takes
+    /// references to those blocks and counts their tokens as computed.
+    fn attach_prefix(&mut self, slot: usize) {
+        if !self.cfg.enable_prefix_caching {
+            return;
+        }
+        let bs = self.cfg.block_size;
+        let r = self.slots[slot].as_ref().expect("live slot");
+        if !r.blocks.is_empty() || r.num_computed != 0 {
+            return;
+        }
+        let hit = self.cached_prefix(&r.tokens, r.salt);
+        self.pool.acquire(&hit);
+        let r = self.slots[slot].as_mut().expect("live slot");
+        let mut h = ROOT_HASH;
+        r.chain.clear();
+        r.chain_broken = false;
+        for (i, &b) in hit.iter().enumerate() {
+            h = chain_hash(h, r.salt, &r.tokens[i * bs..(i + 1) * bs]);
+            r.chain.push((h, b));
+        }
+        let n = hit.len() * bs;
+        r.blocks = hit;
+        r.num_computed = n;
+        self.queued_tokens -= n;
+    }
+
+    /// Gives back the cached prefix a waiting request took ([`Self::attach_prefix`]).
+    fn detach_prefix(&mut self, slot: usize) {
+        let r = self.slots[slot].as_mut().expect("live slot");
+        debug_assert!(r.state == State::Waiting);
+        self.queued_tokens += r.num_computed;
+        r.num_computed = 0;
+        r.chain.clear();
+        self.pool.free_all(&mut r.blocks);
+    }
+
+    /// Registers the full blocks of `slot`'s request that the last step computed.
+    fn register_blocks(&mut self, slot: usize) {
+        let bs = self.cfg.block_size;
+        let r = self.slots[slot].as_mut().expect("live slot");
+        let full = (r.num_computed / bs).min(r.blocks.len());
+        while !r.chain_broken && r.chain.len() < full {
+            let i = r.chain.len();
+            let (parent_hash, parent) = r.chain.last().map_or((ROOT_HASH, None), |&(h, b)| (h, Some(b)));
+            let tokens = &r.tokens[i * bs..(i + 1) * bs];
+            let h = chain_hash(parent_hash, r.salt, tokens);
+            match self.pool.register(r.blocks[i], parent, r.salt, tokens, h) {
+                Some(b) => r.chain.push((h, b)),
+                None => r.chain_broken = true,
+            }
+        }
+    }
+
+    /// Prompt tokens request `id` found in the prefix cache when it started; `None` before it
+    /// started (or when unknown).
+    pub fn cached_tokens(&self, id: RequestId) -> Option<usize> {
+        self.index.get(&id).and_then(|&s| self.slots[s].as_ref()).and_then(|r| r.cached_tokens)
     }
 
     /// Seconds to prefill the waiting queue at full steps: the Retry-After of a full queue.
@@ -560,6 +671,10 @@ impl Scheduler {
             if r.granted_in == step || (r.state == State::Waiting && self.running.len() >= self.cfg.max_num_seqs) {
                 continue;
             }
+            if r.state == State::Waiting && r.blocks.is_empty() {
+                self.attach_prefix(slot);
+            }
+            let r = self.slots[slot].as_ref().expect("live slot");
             let mut want = g.tokens.min(r.tokens.len() - r.num_computed).min(budget);
             if want == 0 {
                 continue;
@@ -581,6 +696,11 @@ impl Scheduler {
             let room = (r.blocks.len() + self.pool.num_free()) * bs;
             want = want.min(room.saturating_sub(r.num_computed));
             if want == 0 {
+                if r.state == State::Waiting && !r.blocks.is_empty() {
+                    // It took a cached prefix but cannot start: a waiting request holds no
+                    // block (nothing could preempt it to get them back).
+                    self.detach_prefix(slot);
+                }
                 continue;
             }
             let n = (r.num_computed + want).div_ceil(bs) - r.blocks.len();
@@ -588,6 +708,11 @@ impl Scheduler {
             debug_assert!(ok, "room was checked");
             if r.state == State::Waiting {
                 r.state = State::Running;
+                if r.cached_tokens.is_none() {
+                    // Its first start: what it found cached is what it did not compute.
+                    r.cached_tokens = Some(r.num_computed);
+                    self.prefix_hits += r.num_computed as u64;
+                }
                 self.queued_tokens -= r.tokens.len() - r.num_computed;
                 self.running.push(slot);
                 admitted = true;
@@ -634,6 +759,7 @@ impl Scheduler {
         }
         self.pool.free_all(&mut r.blocks);
         r.num_computed = 0;
+        r.chain.clear();
         r.state = State::Waiting;
         r.num_preemptions += 1;
         self.queued_tokens += r.tokens.len();
@@ -652,6 +778,16 @@ impl Scheduler {
     pub fn update(&mut self, plan: &BatchPlan, out: &StepOutput, now: f64) -> Vec<Event> {
         self.last_now = self.last_now.max(now);
         let mut events = std::mem::take(&mut self.pending);
+        if self.cfg.enable_prefix_caching {
+            // The step wrote these slices' KV: their full blocks can be shared from now on.
+            for slice in &plan.seqs {
+                if let Some(&slot) = self.index.get(&slice.id) {
+                    if self.slots[slot].as_ref().is_some_and(|r| r.state == State::Running) {
+                        self.register_blocks(slot);
+                    }
+                }
+            }
+        }
         let mut sampled = out.sampled.iter().peekable();
         for slice in plan.seqs.iter().filter(|s| s.sample) {
             let s = match sampled.peek() {
@@ -776,6 +912,8 @@ impl Scheduler {
             finished: self.finished,
             max_idle_in_flight: self.live().map(|r| r.idle_at(now)).fold(0.0, f64::max),
             steps: self.step,
+            prefix_cache_queries: self.prefix_queries,
+            prefix_cache_hits: self.prefix_hits,
         }
     }
 }

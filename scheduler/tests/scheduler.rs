@@ -62,6 +62,7 @@ fn request(id: u64, prompt: usize, max_tokens: usize, arrival: f64) -> NewReques
         stop_token_ids: vec![],
         arrival,
         class: None,
+        cache_salt: None,
     }
 }
 

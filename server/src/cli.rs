@@ -62,6 +62,20 @@ pub struct EngineArgs {
     /// Face model directory or a tokenizer.json (its chat template comes with it).
     #[arg(long, env = "PACE_TOKENIZER")]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// Reuse the KV blocks of prefixes other requests computed (on by default, as in vLLM v1;
+    /// `--enable-prefix-caching false` or `--no-enable-prefix-caching` turns it off).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", env = "PACE_ENABLE_PREFIX_CACHING")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off (vLLM's spelling).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+}
+
+impl EngineArgs {
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching && !self.no_enable_prefix_caching
+    }
 }
 
 /// `--dtype`.

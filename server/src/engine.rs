@@ -46,12 +46,15 @@ pub struct EngineCore {
     /// Test hook (`--debug-panic-on-token`): a step that feeds this token panics after the model
     /// step, outside its guard, as a bug in the scheduler would.
     panic_on_token: Option<u32>,
+    /// Test hook (`--debug-stall-on-token`): a step that feeds this token first sleeps this
+    /// long, as a stalled GPU or a page-faulting host would.
+    stall_on_token: Option<(u32, f64)>,
 }
 
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
     pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
-        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None }
+        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None, stall_on_token: None }
     }
 
     /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).
@@ -70,6 +73,12 @@ impl EngineCore {
     /// the engine thread's supervision).
     pub fn panic_on_token(mut self, token: Option<u32>) -> Self {
         self.panic_on_token = token;
+        self
+    }
+
+    /// Makes every step that feeds `token` sleep `secs` seconds first (a test hook for stalls).
+    pub fn stall_on_token(mut self, stall: Option<(u32, f64)>) -> Self {
+        self.stall_on_token = stall;
         self
     }
 
@@ -128,6 +137,11 @@ impl EngineCore {
         let t0 = Instant::now();
         let feeds = |t: Option<u32>| t.is_some_and(|t| plan.seqs.iter().any(|s| s.tokens.contains(&t)));
         let (inject, inject_panic) = (feeds(self.fail_on_token), feeds(self.panic_on_token));
+        if let Some((token, secs)) = self.stall_on_token {
+            if feeds(Some(token)) {
+                std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            }
+        }
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if inject {
                 panic!("injected fault (--debug-fail-on-token)");

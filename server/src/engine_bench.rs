@@ -71,6 +71,7 @@ impl Bench {
                 stop_token_ids: vec![],
                 arrival: self.engine.now(),
                 class: None,
+                cache_salt: None,
             };
             self.engine.add(req, sampler).map_err(|r| anyhow::anyhow!("rejected: {r}"))?;
             self.next_id += 1;

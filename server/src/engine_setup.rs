@@ -99,6 +99,7 @@ pub fn build_engine_with(
         max_num_seqs: args.max_num_seqs.max(1),
         max_batch_tokens,
         max_model_len,
+        enable_prefix_caching: args.prefix_caching(),
         ..SchedulerConfig::default()
     };
     adjust(&mut sc);

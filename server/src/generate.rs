@@ -63,6 +63,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             min_tokens: 0,
             arrival: engine.now(),
             class: None,
+            cache_salt: None,
         };
         engine.add(req, sampler).map_err(|r| anyhow::anyhow!("prompt {i} rejected: {r}"))?;
         decoders.insert(i as u64, IncrementalDecoder::new(tokenizer.clone(), true));

@@ -77,10 +77,10 @@ fn any_json() -> impl Strategy<Value = Value> {
     })
 }
 
-const FIELDS: [&str; 30] = [
+const FIELDS: [&str; 31] = [
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
     "stop_token_ids", "seed", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "priority", "reading_rate", "ttft_grace", "response_format", "tools", "add_generation_prompt",
+    "repetition_penalty", "priority", "reading_rate", "ttft_grace", "cache_salt", "response_format", "tools", "add_generation_prompt",
 ];
 
 /// A body built from the endpoints' own fields, each given a random value, over a valid base.

@@ -31,7 +31,7 @@ async fn eventually(s: &Server, secs: u64, what: &str, cond: impl Fn(&str) -> bo
 fn idle(text: &str) -> bool {
     common::metric_value(text, "pace_num_requests_running", &[]) == 0.0
         && common::metric_value(text, "pace_num_requests_waiting", &[]) == 0.0
-        && common::metric_value(text, "pace_kv_cache_usage_ratio", &[]) == 0.0
+        && common::metric_value(text, "pace_kv_cache_usage_perc", &[]) == 0.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +159,7 @@ async fn kv_exhaustion_preempts_without_changing_greedy_output() {
         assert_eq!(st, 200, "{v}");
         alone.push(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
     }
-    let before = s.metric("pace_preemptions_total", &[]).await;
+    let before = s.metric("pace_num_preemptions_total", &[]).await;
     let url = s.url("/v1/chat/completions");
     let bodies: Vec<Value> = prompts.iter().map(|p| body(p)).collect();
     let together = futures_util::future::join_all(bodies.iter().map(|b| post(&url, b))).await;
@@ -167,7 +167,7 @@ async fn kv_exhaustion_preempts_without_changing_greedy_output() {
         assert_eq!(*st, 200, "{v}");
         assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), alone[i], "request {i} changed by preemption");
     }
-    let after = s.metric("pace_preemptions_total", &[]).await;
+    let after = s.metric("pace_num_preemptions_total", &[]).await;
     assert!(after > before, "the cache was exhausted and requests were preempted ({before} -> {after})");
     // A prompt that fits max_model_len but can never fit the cache is refused, not stuck.
     let huge = " word".repeat(380);
@@ -270,12 +270,28 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     assert_eq!(m("pace_request_generation_tokens_sum"), (n_req * tokens) as f64);
     assert_eq!(m("pace_generation_tokens_total"), (n_req * tokens) as f64);
     assert_eq!(m("pace_inter_token_latency_seconds_count"), (n_req * (tokens - 1)) as f64);
+    assert_eq!(m("pace_token_lateness_seconds_count"), (n_req * tokens) as f64);
+    for per_request in ["pace_request_prefill_time_seconds", "pace_request_decode_time_seconds", "pace_request_inference_time_seconds", "pace_request_time_per_output_token_seconds"] {
+        assert_eq!(m(&format!("{per_request}_count")), n_req as f64, "{per_request}");
+    }
+    // Inference time is prefill plus decode, request by request, so their sums add up too.
+    let (prefill, decode, inference) =
+        (m("pace_request_prefill_time_seconds_sum"), m("pace_request_decode_time_seconds_sum"), m("pace_request_inference_time_seconds_sum"));
+    assert!((prefill + decode - inference).abs() < 1e-6, "{prefill} + {decode} != {inference}");
+    let (queue, ttft) = (m("pace_request_queue_time_seconds_sum"), m("pace_time_to_first_token_seconds_sum"));
+    assert!((queue + prefill - ttft).abs() < 1e-6, "queue {queue} + prefill {prefill} != TTFT {ttft}");
+    assert_eq!(common::metric_value(&text, "pace_request_success_total", &["finished_reason=\"length\""]), n_req as f64);
+    assert_eq!(m("pace_request_success_total"), n_req as f64, "vLLM's success counter: stop, length and abort only");
+    assert_eq!(common::metric_value(&text, "pace_cache_config_info", &["block_size=\"16\"", "enable_prefix_caching=\"True\""]), 1.0);
+    // Every admitted prompt token is looked up in the prefix cache.
+    assert_eq!(m("pace_prefix_cache_queries_total"), m("pace_prompt_tokens_total"));
     assert_eq!(common::metric_value(&text, "pace_requests_total", &["finished_reason=\"length\""]), n_req as f64);
     assert!(text.contains("le=\"30\"") && text.contains("le=\"2\""), "SLO thresholds are bucket boundaries");
     // The cost model's own quality: one predicted-over-measured ratio per step that ran.
     let steps = m("pace_step_duration_seconds_count");
     assert!(steps > 0.0);
     assert_eq!(m("pace_step_time_prediction_error_ratio_count"), steps);
+    assert_eq!(m("pace_iteration_tokens_total_count"), steps, "one observation of its tokens per step");
     for line in text.lines().filter(|l| l.starts_with("pace_")) {
         assert!(line.contains("model_name=\"SmolLM2-135M-Instruct\"") && line.contains("scheduler=\"fcfs\""), "labels on {line}");
     }
@@ -295,6 +311,59 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     assert!(per_request < 0.5, "smooth goodput: server {server_benefit:.3} vs client {client_benefit:.3} benefit units");
     let server_tokens = m("pace_goodput_tokens_per_second") * 600.0;
     assert!((server_tokens - (n_req * tokens) as f64).abs() < 1e-6, "token goodput counts every passed token: {server_tokens}");
+}
+
+/// Reads SSE chunks until `want` more `data:` frames have come; the stream must not end.
+async fn read_frames<S, B>(a: &mut S, want: usize, frames: &mut usize)
+where
+    S: futures_util::Stream<Item = reqwest::Result<B>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    let target = *frames + want;
+    while *frames < target {
+        let chunk = a.next().await.expect("the stream ended early").unwrap();
+        let text = String::from_utf8_lossy(chunk.as_ref());
+        assert!(!text.contains("[DONE]"), "the stream must still be running");
+        *frames += text.matches("data: ").count();
+    }
+}
+
+/// The per-token series are observed as each token is delivered: a stream that stalls for 1.5 s
+/// shows in the inter-token-latency histogram while it is still streaming, long before it ends.
+/// (The stall: `--debug-stall-on-token` makes the step that prefills a second request, whose
+/// prompt is that token, sleep first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_is_on_the_metrics_while_its_stream_runs() {
+    let stall_token = 12345;
+    let s = Server::start(&["--scheduler", "fcfs", "--debug-stall-on-token", &format!("{stall_token}:1.5")]);
+    let c = reqwest::Client::new();
+    let body = json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "ignore_eos": true, "stream": true});
+    let mut a = c.post(s.url("/v1/completions")).json(&body).send().await.unwrap().bytes_stream();
+    let mut frames = 0usize;
+    read_frames(&mut a, 3, &mut frames).await;
+    let slow = |text: &str| {
+        let count = common::metric_value(text, "pace_inter_token_latency_seconds_count", &[]);
+        count - common::metric_value(text, "pace_inter_token_latency_seconds_bucket", &["le=\"1\""])
+    };
+    let before = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert_eq!(slow(&before), 0.0, "no gap over a second before the stall");
+    // The stalling request: one prompt token, one output token.
+    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": [stall_token], "max_tokens": 1})).await;
+    assert_eq!(st, 200, "{v}");
+    read_frames(&mut a, 2, &mut frames).await;
+    let after = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(slow(&after) >= 1.0, "the stalled gap is in the histogram while its stream runs");
+    let m = |name: &str| common::metric_value(&after, name, &[]);
+    // The long stream has not ended: only the stalling request is in the per-request series.
+    assert_eq!(m("pace_e2e_request_latency_seconds_count"), 1.0);
+    assert_eq!(m("pace_request_time_per_output_token_seconds_count"), 0.0, "the stalling request had one token");
+    // Tokens are counted as they are delivered, and each delivered token has a lateness.
+    let delivered = m("pace_generation_tokens_total");
+    assert!(delivered >= 6.0, "{delivered} tokens counted so far");
+    assert_eq!(m("pace_token_lateness_seconds_count"), delivered);
+    assert_eq!(m("pace_time_to_first_token_seconds_count"), 2.0, "both requests have their first token");
+    drop(a); // the client leaves; the long stream is aborted
+    eventually(&s, 30, "the engine is idle", idle).await;
 }
 
 /// `--log-format json`: every line is one JSON object; the request's line carries the id the

@@ -432,6 +432,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
                 stop_token_ids: vec![EOS],
                 arrival,
                 class: (r.priority != 0).then(|| class_of(r)),
+                cache_salt: None,
             };
             if sched.add(req, arrival).is_err() {
                 book.end(i, Outcome::Rejected, arrival);

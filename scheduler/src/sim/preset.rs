@@ -112,6 +112,7 @@ fn cpu_smollm2() -> Preset {
             slo: SloParams { binary: "ttft:5000 tpot:100".parse().expect("valid"), ..SloParams::default() },
             cost_prior: cost,
             lengths: LengthPrior::default(),
+            enable_prefix_caching: false,
         },
         workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()) },
         goodput: "ttft:5000 tpot:100",
@@ -175,6 +176,7 @@ fn h200_llama3_8b() -> Preset {
             slo: SloParams { binary: "ttft:500 tpot:50".parse().expect("valid"), ..SloParams::default() },
             cost_prior: h200_cost(),
             lengths: LengthPrior::default(),
+            enable_prefix_caching: false,
         },
         workload: WorkloadSpec {
             arrivals: Arrivals::Poisson,

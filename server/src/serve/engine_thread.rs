@@ -30,6 +30,9 @@ use crate::serve::metrics;
 pub enum EngineEvent {
     /// A token was sampled.
     Token { sampled: SampledToken },
+    /// The request was scheduled for the first time at engine time `at` (the end of its queue
+    /// time, the start of its prefill), with `cached_tokens` of its prompt from the prefix cache.
+    Scheduled { at: f64, cached_tokens: usize },
     /// The request ended.
     Finished { reason: FinishReason },
 }
@@ -231,7 +234,12 @@ impl EngineLoop {
         if !self.first_scheduled.is_empty() {
             for id in self.core.last_plan_ids() {
                 if let Some(arrival) = self.first_scheduled.remove(&id) {
-                    metrics::record_queue_time(now - report.exec_secs - arrival);
+                    let at = now - report.exec_secs;
+                    metrics::record_queue_time(at - arrival);
+                    if let Some(tx) = self.channels.get(&id) {
+                        let cached_tokens = self.core.scheduler().cached_tokens(id).unwrap_or(0);
+                        let _ = tx.send(EngineEvent::Scheduled { at, cached_tokens });
+                    }
                 }
             }
         }

@@ -4,6 +4,12 @@
 //! binary-SLO thresholds are bucket boundaries of the TTFT, TPOT and E2E histograms, so
 //! attainment can be read as `bucket{le=SLO} / count`.
 //!
+//! Names follow vLLM's (`vllm:X` is `pace_X`) wherever the meaning is the same; where pace's
+//! differs the name does too (docs/metrics.md has the table). Per-token series (TTFT, inter-token
+//! latency, token lateness, generated tokens) are observed as each token is delivered, so a
+//! stall shows on a panel when the stalled token arrives, not when its request ends; per-request
+//! series are observed when the request ends.
+//!
 //! The gauges come from `pace_scheduler::slo` — the same code the benchmark client uses — over
 //! the requests that ended in the last `--metrics-window` seconds, with server-side timestamps:
 //! arrival when the request was accepted, each token when the frame carrying it was written.
@@ -18,19 +24,51 @@ use pace_scheduler::{FinishReason, RejectReason, SchedulerStats};
 
 const TTFT: &str = "pace_time_to_first_token_seconds";
 const ITL: &str = "pace_inter_token_latency_seconds";
-const TPOT: &str = "pace_time_per_output_token_seconds";
+const TPOT: &str = "pace_request_time_per_output_token_seconds";
+const LATENESS: &str = "pace_token_lateness_seconds";
+const PREFILL: &str = "pace_request_prefill_time_seconds";
+const DECODE: &str = "pace_request_decode_time_seconds";
+const INFERENCE: &str = "pace_request_inference_time_seconds";
 const E2E: &str = "pace_e2e_request_latency_seconds";
 const IDLE: &str = "pace_user_idle_latency_seconds";
 const QUEUE: &str = "pace_request_queue_time_seconds";
 const PROMPT_TOKENS: &str = "pace_request_prompt_tokens";
 const GEN_TOKENS: &str = "pace_request_generation_tokens";
 const STEP: &str = "pace_step_duration_seconds";
-const STEP_TOKENS: &str = "pace_step_batch_tokens";
+const STEP_TOKENS: &str = "pace_iteration_tokens_total";
 const STEP_ERROR: &str = "pace_step_time_prediction_error_ratio";
 const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
 
 /// Finish reasons as exported (`finished_reason` label values).
 pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
+
+/// The finish reasons `pace_request_success_total` counts (vLLM's `request_success_total`).
+pub const SUCCESS_REASONS: [&str; 3] = ["stop", "length", "abort"];
+
+/// The KV cache's configuration, exported as `pace_cache_config_info` (vLLM's `cache_config_info`).
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks in the pool (`num_gpu_blocks`, whatever the device).
+    pub num_blocks: usize,
+    /// Element type of the cache (`f32`, `f16`, ...).
+    pub cache_dtype: String,
+    /// Whether full blocks are shared across requests.
+    pub enable_prefix_caching: bool,
+}
+
+/// Publishes the cache configuration (once, at start).
+pub fn publish_cache_config(c: &CacheConfig) {
+    gauge!(
+        "pace_cache_config_info",
+        "block_size" => c.block_size.to_string(),
+        "num_gpu_blocks" => c.num_blocks.to_string(),
+        "cache_dtype" => c.cache_dtype.clone(),
+        "enable_prefix_caching" => if c.enable_prefix_caching { "True" } else { "False" }
+    )
+    .set(1.0);
+}
 
 /// Label value of a finish reason (one of [`FINISH_REASONS`]).
 pub fn finish_label(r: FinishReason) -> &'static str {
@@ -136,7 +174,11 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
         .set_buckets_for_metric(Matcher::Full(ITL.into()), &buckets_with(&itl, &[b.tpot]))?
         .set_buckets_for_metric(Matcher::Full(E2E.into()), &buckets_with(&lat, &[b.e2el]))?
         .set_buckets_for_metric(Matcher::Full(IDLE.into()), &idle)?
+        .set_buckets_for_metric(Matcher::Full(LATENESS.into()), &idle)?
         .set_buckets_for_metric(Matcher::Full(QUEUE.into()), &lat)?
+        .set_buckets_for_metric(Matcher::Full(PREFILL.into()), &lat)?
+        .set_buckets_for_metric(Matcher::Full(DECODE.into()), &lat)?
+        .set_buckets_for_metric(Matcher::Full(INFERENCE.into()), &lat)?
         .set_buckets_for_metric(Matcher::Full(PROMPT_TOKENS.into()), &tokens)?
         .set_buckets_for_metric(Matcher::Full(GEN_TOKENS.into()), &tokens)?
         .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), &tokens)?
@@ -149,10 +191,15 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
     for r in FINISH_REASONS {
         counter!("pace_requests_total", "finished_reason" => r).absolute(0);
     }
+    for r in SUCCESS_REASONS {
+        counter!("pace_request_success_total", "finished_reason" => r).absolute(0);
+    }
     for r in RejectReason::ALL.map(reject_label).iter().chain(OTHER_REJECTIONS.iter()) {
         counter!("pace_requests_rejected_total", "reason" => *r).absolute(0);
     }
-    counter!("pace_preemptions_total").absolute(0);
+    counter!("pace_num_preemptions_total").absolute(0);
+    counter!("pace_prefix_cache_queries_total").absolute(0);
+    counter!("pace_prefix_cache_hits_total").absolute(0);
     counter!("pace_http_connections_refused_total").absolute(0);
     counter!("pace_prompt_tokens_total").absolute(0);
     counter!("pace_generation_tokens_total").absolute(0);
@@ -161,15 +208,23 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
 
 fn describe() {
     describe_histogram!(TTFT, Unit::Seconds, "Time to first token: first token's delivery minus arrival.");
-    describe_histogram!(ITL, Unit::Seconds, "Gaps between consecutive token deliveries.");
-    describe_histogram!(TPOT, Unit::Seconds, "Time per output token after the first, per request.");
+    describe_histogram!(ITL, Unit::Seconds, "Gaps between consecutive token deliveries, observed at each delivery.");
+    describe_histogram!(TPOT, Unit::Seconds, "Time per output token after the first, per request: (last - first delivery) / (tokens - 1).");
+    describe_histogram!(
+        LATENESS,
+        Unit::Seconds,
+        "Per delivered token, how late it came against its reader's deadline (0 if on time), observed at delivery; a request's user idle latency is the largest of these."
+    );
+    describe_histogram!(PREFILL, Unit::Seconds, "First scheduling to first token's delivery, per request.");
+    describe_histogram!(DECODE, Unit::Seconds, "First token's delivery to the last token's, per request.");
+    describe_histogram!(INFERENCE, Unit::Seconds, "First scheduling to the last token's delivery, per request.");
     describe_histogram!(E2E, Unit::Seconds, "End-to-end latency: last token's delivery minus arrival.");
     describe_histogram!(IDLE, Unit::Seconds, "User idle latency: worst lateness against the reading-rate deadlines.");
     describe_histogram!(QUEUE, Unit::Seconds, "Arrival to first scheduling.");
     describe_histogram!(PROMPT_TOKENS, Unit::Count, "Prompt tokens per request.");
     describe_histogram!(GEN_TOKENS, Unit::Count, "Generated tokens per request.");
     describe_histogram!(STEP, Unit::Seconds, "Duration of one engine step (one forward pass).");
-    describe_histogram!(STEP_TOKENS, Unit::Count, "Tokens fed to the model per step.");
+    describe_histogram!(STEP_TOKENS, Unit::Count, "Tokens fed to the model per engine step (prompt and decode).");
     describe_histogram!(STEP_ERROR, Unit::Count, "The scheduler's predicted step time over the measured one (1 is exact).");
     describe_histogram!(
         LENGTH_ERROR,
@@ -183,17 +238,24 @@ fn describe() {
     describe_gauge!("pace_inflight_max_idle_latency_seconds", "Largest idle latency among requests still streaming.");
     describe_gauge!("pace_num_requests_running", "Requests in the running batch.");
     describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
-    describe_gauge!("pace_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use.");
-    describe_counter!("pace_requests_total", "Finished requests by finish reason.");
+    describe_gauge!("pace_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1, as vLLM's kv_cache_usage_perc).");
+    describe_gauge!("pace_cache_config_info", "The KV cache's configuration, as labels (value 1).");
+    describe_counter!("pace_requests_total", "Every request that ended, by finish reason: rejected and failed ones included.");
+    describe_counter!(
+        "pace_request_success_total",
+        "Requests that finished by stop, length or abort (vLLM's request_success_total: rejections and errors not counted)."
+    );
     describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
     describe_counter!(
         "pace_http_requests_total",
         "HTTP requests by route and status; 499: the client closed the connection before the response head."
     );
     describe_counter!("pace_http_connections_refused_total", "Connections closed at accept because --max-connections were open.");
-    describe_counter!("pace_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
+    describe_counter!("pace_num_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
+    describe_counter!("pace_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (every admitted prompt's tokens).");
+    describe_counter!("pace_prefix_cache_hits_total", "Prompt tokens found in the prefix cache when their request started (not computed again).");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
-    describe_counter!("pace_generation_tokens_total", "Output tokens delivered.");
+    describe_counter!("pace_generation_tokens_total", "Output tokens delivered, counted at delivery.");
 }
 
 /// The standard process series (`process_resident_memory_bytes`, `process_cpu_seconds_total`,
@@ -236,8 +298,10 @@ pub fn publish_engine(s: &SchedulerStats) {
     gauge!("pace_num_requests_running").set(s.running as f64);
     gauge!("pace_num_requests_waiting").set(s.waiting as f64);
     let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
-    gauge!("pace_kv_cache_usage_ratio").set(usage);
-    counter!("pace_preemptions_total").absolute(s.preemptions);
+    gauge!("pace_kv_cache_usage_perc").set(usage);
+    counter!("pace_num_preemptions_total").absolute(s.preemptions);
+    counter!("pace_prefix_cache_queries_total").absolute(s.prefix_cache_queries);
+    counter!("pace_prefix_cache_hits_total").absolute(s.prefix_cache_hits);
 }
 
 /// A request in flight, as the server has delivered it so far.
@@ -249,6 +313,28 @@ pub struct Live {
     pub token_times: Vec<f64>,
     /// Reading class.
     pub class: SloClass,
+    /// When the engine first scheduled it (engine clock), once it has.
+    pub scheduled: Option<f64>,
+}
+
+impl Live {
+    /// `n` tokens delivered at `now`: the per-token histograms (TTFT for the first, the gap
+    /// since the previous delivery, each token's lateness) and the token counter are observed
+    /// now, while the request runs.
+    pub fn deliver(&mut self, n: usize, now: f64) {
+        for _ in 0..n {
+            match self.token_times.last() {
+                None => histogram!(TTFT).record((now - self.arrival).max(0.0)),
+                Some(prev) => histogram!(ITL).record((now - prev).max(0.0)),
+            }
+            let deadline = self.class.deadline(self.arrival, self.token_times.len() + 1);
+            histogram!(LATENESS).record((now - deadline).max(0.0));
+            self.token_times.push(now);
+        }
+        if n > 0 {
+            counter!("pace_generation_tokens_total").increment(n as u64);
+        }
+    }
 }
 
 /// The sliding window of finished requests and the registry of live ones.
@@ -267,7 +353,7 @@ impl Window {
 
     /// Registers a live request; returns its timeline to append delivery times to.
     pub fn start(&self, id: u64, arrival: f64, class: SloClass) -> Arc<Mutex<Live>> {
-        let live = Arc::new(Mutex::new(Live { arrival, token_times: Vec::new(), class }));
+        let live = Arc::new(Mutex::new(Live { arrival, token_times: Vec::new(), class, scheduled: None }));
         if let Ok(mut m) = self.live.lock() {
             m.insert(id, live.clone());
         }
@@ -282,8 +368,10 @@ impl Window {
     /// Records a finished (or rejected) request: its log line, histograms, counters and the
     /// window. The record's outcome is [`outcome`] of `reason`.
     /// `name` is the id the client was given (the response's `id`, with `#i` for choice `i` of
-    /// several), which the log line carries.
-    pub fn finish(&self, id: u64, name: &str, record: RequestRecord, prompt_tokens: usize, reason: FinishReason) {
+    /// several), which the log line carries; `scheduled` is when the engine first scheduled it.
+    /// The per-token series were observed at delivery ([`Live::deliver`]); the per-request ones
+    /// are observed here.
+    pub fn finish(&self, id: u64, name: &str, record: RequestRecord, prompt_tokens: usize, reason: FinishReason, scheduled: Option<f64>) {
         if let Ok(mut m) = self.live.lock() {
             m.remove(&id);
         }
@@ -292,12 +380,16 @@ impl Window {
             log_finished(name, &record, prompt_tokens, label);
         }
         counter!("pace_requests_total", "finished_reason" => label).increment(1);
+        if SUCCESS_REASONS.contains(&label) {
+            counter!("pace_request_success_total", "finished_reason" => label).increment(1);
+        }
         if record.outcome != Outcome::Rejected {
-            if let Some(t) = record.ttft() {
-                histogram!(TTFT).record(t);
-            }
-            for gap in record.itls() {
-                histogram!(ITL).record(gap);
+            if let (Some(&first), Some(&last)) = (record.token_times.first(), record.token_times.last()) {
+                if let Some(s) = scheduled {
+                    histogram!(PREFILL).record((first - s).max(0.0));
+                    histogram!(INFERENCE).record((last - s).max(0.0));
+                }
+                histogram!(DECODE).record((last - first).max(0.0));
             }
             if record.num_tokens() >= 2 {
                 histogram!(TPOT).record(record.tpot());
@@ -310,7 +402,6 @@ impl Window {
             histogram!(IDLE).record(record.idle_latency());
             histogram!(PROMPT_TOKENS).record(prompt_tokens as f64);
             histogram!(GEN_TOKENS).record(record.num_tokens() as f64);
-            counter!("pace_generation_tokens_total").increment(record.num_tokens() as u64);
         }
         if let Ok(mut f) = self.finished.lock() {
             f.push_back(record);

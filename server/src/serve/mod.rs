@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use pace_models::loader::ModelSource;
-use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
+use pace_scheduler::slo::{BinarySlo, SloClass, SloParams};
 
 use crate::cli::EngineArgs;
 use state::{AppState, Loaded, Phase, ServeConfig};
@@ -48,25 +48,14 @@ pub struct ServeArgs {
     /// and smooth:KEY=VALUE[:...] with some of its constants set (ARCHITECTURE.md).
     #[arg(long, visible_alias = "scheduling-policy", default_value = "smooth", value_parser = pace_scheduler::policy::parse_name, env = "PACE_SCHEDULER")]
     pub scheduler: String,
-    /// Binary SLO for drop-late, attainment and goodput gauges: "ttft:MS tpot:MS [e2el:MS]".
-    #[arg(long, default_value = "ttft:2000 tpot:100", value_parser = parse_slo, env = "PACE_SLO")]
-    pub slo: BinarySlo,
-    /// Default reading rate q of users, tokens per second (smooth goodput, smooth scheduler).
-    #[arg(long, default_value_t = 5.0, value_parser = parse_positive, env = "PACE_READING_RATE")]
-    pub reading_rate: f64,
-    /// Default first-token grace g, seconds.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_non_negative, env = "PACE_TTFT_GRACE")]
-    pub ttft_grace: f64,
+    /// Binary SLO (drop-late, attainment and goodput gauges; default `ttft:2000 tpot:100`) and the
+    /// smooth-goodput parameters, as pace bench and pace sim take them.
+    #[command(flatten)]
+    pub slo: pace_bench::slo_args::SloArgs,
     /// Default priority of requests that send none (vLLM's meaning: lower is served first). A
     /// request of priority p weighs 2^-p in smooth goodput and in the smooth scheduler.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true, env = "PACE_DEFAULT_PRIORITY")]
     pub default_priority: i64,
-    /// Weight alpha of waiting against output in the benefit n - alpha f(idle).
-    #[arg(long, default_value_t = 2.5, value_parser = parse_non_negative, env = "PACE_ALPHA")]
-    pub alpha: f64,
-    /// Penalty f of idle seconds: linear, capped:SECONDS or quadratic.
-    #[arg(long, default_value = "linear", value_parser = parse_penalty, env = "PACE_PENALTY")]
-    pub penalty: Penalty,
     /// Most requests waiting for admission; beyond it new requests get 429.
     #[arg(long, default_value_t = 512, env = "PACE_MAX_QUEUE_REQUESTS")]
     pub max_queue_requests: usize,
@@ -149,6 +138,10 @@ pub struct ServeArgs {
     /// the model step's guard, to exercise the engine thread's supervision.
     #[arg(long, hide = true)]
     pub debug_panic_on_token: Option<u32>,
+    /// Test hook, `ID:SECS`: any engine step that feeds this token id first sleeps SECS seconds,
+    /// to make a stall the metrics must show while it happens.
+    #[arg(long, hide = true, value_parser = parse_stall)]
+    pub debug_stall_on_token: Option<(u32, f64)>,
 }
 
 /// `--log-level`.
@@ -189,12 +182,13 @@ pub fn log_filter(rust_log: Option<&str>, level: LogLevel, disable_log_requests:
     }
 }
 
-fn parse_slo(s: &str) -> Result<BinarySlo, String> {
-    s.parse::<BinarySlo>().map_err(|e| e.to_string())
-}
+/// The binary SLO of `pace serve` without `--slo`.
+pub const DEFAULT_SLO: &str = "ttft:2000 tpot:100";
 
-fn parse_penalty(s: &str) -> Result<Penalty, String> {
-    s.parse::<Penalty>().map_err(|e| e.to_string())
+fn parse_stall(s: &str) -> Result<(u32, f64), String> {
+    let (id, secs) = s.split_once(':').ok_or_else(|| format!("'{s}': expected ID:SECS"))?;
+    let id = id.parse::<u32>().map_err(|e| format!("'{id}': {e}"))?;
+    Ok((id, parse_positive(secs)?))
 }
 
 fn parse_positive(s: &str) -> Result<f64, String> {
@@ -237,12 +231,12 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     if args.api_key.iter().any(|k| k.is_empty()) {
         bail!("--api-key must not be empty");
     }
-    let slo = SloParams {
-        alpha: args.alpha,
-        penalty: args.penalty,
-        binary: args.slo,
-        default_class: SloClass { weight: SloClass::priority_weight(args.default_priority), ..SloClass::new(args.reading_rate, args.ttft_grace) },
+    let binary = match args.slo.binary()? {
+        Some(b) => b,
+        None => DEFAULT_SLO.parse::<BinarySlo>().map_err(|e| anyhow::anyhow!("{e}"))?,
     };
+    let mut slo = args.slo.params(binary);
+    slo.default_class.weight = SloClass::priority_weight(args.default_priority);
     let (sampling, sampling_from) = gen_config::resolve(&source, &args.generation_config, args.override_generation_config.as_deref())?;
     if let Some(from) = sampling_from {
         tracing::info!("default sampling parameters from {from}: {}", sampling.describe());
@@ -394,12 +388,20 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
     let tokenizer = Arc::new(loaded.tokenizer);
     let origin = Instant::now();
     let queue = (args.max_queue_requests, args.max_queue_tokens);
+    let kv_dtype = args.engine.kv_dtype(&loaded.model);
     let core = crate::engine_setup::build_engine_with(&args.engine, loaded.model, loaded.max_model_len, &args.scheduler, |c| {
         c.slo = slo;
         c.max_queue_requests = queue.0.max(1);
         c.max_queue_tokens = queue.1.max(1);
     })?;
-    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token).panic_on_token(args.debug_panic_on_token);
+    let sc = core.scheduler().config();
+    metrics::publish_cache_config(&metrics::CacheConfig {
+        block_size: sc.block_size,
+        num_blocks: sc.num_kv_blocks,
+        cache_dtype: format!("{kv_dtype:?}").to_lowercase(),
+        enable_prefix_caching: sc.enable_prefix_caching,
+    });
+    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token).panic_on_token(args.debug_panic_on_token).stall_on_token(args.debug_stall_on_token);
     let engine = engine_thread::spawn(core, origin, on_fatal)?;
     let ok = state
         .loaded
@@ -435,13 +437,23 @@ mod tests {
         unsafe {
             std::env::set_var("PACE_MAX_LOGPROBS", "7");
             std::env::set_var("PACE_SERVED_MODEL_NAME", "a,b");
+            std::env::set_var("PACE_SLO", "ttft:700 tpot:70");
+            std::env::set_var("PACE_TTFT_GRACE", "1500");
         }
         let from_env = Cli::try_parse_from(["serve"]).unwrap().serve;
         let flag_wins = Cli::try_parse_from(["serve", "--max-logprobs", "3"]).unwrap().serve;
         unsafe {
             std::env::remove_var("PACE_MAX_LOGPROBS");
             std::env::remove_var("PACE_SERVED_MODEL_NAME");
+            std::env::remove_var("PACE_SLO");
+            std::env::remove_var("PACE_TTFT_GRACE");
         }
+        // The SLO group: from the environment, in milliseconds, as pace bench and pace sim read it.
+        let slo = from_env.slo.binary().unwrap().unwrap();
+        assert_eq!((slo.ttft, slo.tpot, from_env.slo.class().grace), (Some(0.7), Some(0.07), 1.5));
+        let a = Cli::try_parse_from(["serve", "--goodput", "ttft:100", "e2el:9000", "--penalty", "quadratic"]).unwrap().serve;
+        assert_eq!(a.slo.binary().unwrap().unwrap().e2el, Some(9.0));
+        assert!(Cli::try_parse_from(["serve"]).unwrap().serve.slo.binary().unwrap().is_none(), "serve applies DEFAULT_SLO itself");
         assert_eq!(from_env.max_logprobs, 7);
         assert_eq!(from_env.served_model_name, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(flag_wins.max_logprobs, 3);

@@ -47,6 +47,9 @@ struct Choice {
     prompt_tokens: usize,
     /// The id the client knows it by, in log lines.
     name: String,
+    /// Index of its prompt, and how many of the prompt's tokens came from the prefix cache.
+    prompt_index: usize,
+    cached_tokens: usize,
     /// The engine has finished it.
     done: bool,
     /// Its record has gone to the metrics (at its last frame's delivery, or when dropped).
@@ -112,6 +115,7 @@ impl Generation {
                     stop_token_ids: stop_ids.clone(),
                     arrival,
                     class: Some(p.class),
+                    cache_salt: p.cache_salt,
                 };
                 match engine.submit(req, sampler).await {
                     Ok(rx) => {
@@ -130,6 +134,8 @@ impl Generation {
                             class: p.class,
                             prompt_tokens: prompt.tokens.len(),
                             name,
+                            prompt_index: pi,
+                            cached_tokens: 0,
                             done: false,
                             recorded: false,
                         });
@@ -145,7 +151,7 @@ impl Generation {
                             end: engine.now(),
                             class: p.class,
                         };
-                        state.window.finish(id, &name, record, prompt.tokens.len(), FinishReason::Rejected);
+                        state.window.finish(id, &name, record, prompt.tokens.len(), FinishReason::Rejected, None);
                         drop(gen); // aborts the admitted choices
                         return Err(r.into());
                     }
@@ -162,6 +168,21 @@ impl Generation {
     /// Number of choices.
     pub fn num_choices(&self) -> usize {
         self.choices.len()
+    }
+
+    /// Prompt tokens that came from the prefix cache, each prompt counted once, as
+    /// `prompt_tokens` counts it: by the choice of it that found the fewest (the others of `n`
+    /// share what that one computed).
+    pub fn cached_tokens(&self) -> usize {
+        let mut least: Vec<Option<usize>> = Vec::new();
+        for c in &self.choices {
+            if least.len() <= c.prompt_index {
+                least.resize(c.prompt_index + 1, None);
+            }
+            let l = &mut least[c.prompt_index];
+            *l = Some(l.map_or(c.cached_tokens, |v| v.min(c.cached_tokens)));
+        }
+        least.iter().flatten().sum()
     }
 
     /// Completion tokens generated so far, over all choices.
@@ -215,6 +236,13 @@ impl Generation {
                 }
                 Some(Frame { index: c.index, text: out.text, tokens: std::mem::take(&mut c.pending), finish: None })
             }
+            EngineEvent::Scheduled { at, cached_tokens } => {
+                if let Ok(mut live) = c.live.lock() {
+                    live.scheduled.get_or_insert(at);
+                }
+                c.cached_tokens = cached_tokens;
+                None
+            }
             EngineEvent::Finished { reason } => {
                 c.done = true;
                 let mut text = String::new();
@@ -237,16 +265,27 @@ impl Generation {
             return;
         };
         if let Ok(mut live) = c.live.lock() {
-            live.token_times.extend(std::iter::repeat_n(now, frame.tokens.len()));
+            live.deliver(frame.tokens.len(), now);
         }
         if let Some(reason) = frame.finish {
             if !std::mem::replace(&mut c.recorded, true) {
-                let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
-                let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: c.class };
-                self.state.window.finish(c.id, &c.name, record, c.prompt_tokens, reason);
+                c.record(&self.state, reason, now);
             }
         }
     }
+}
+
+impl Choice {
+    /// Sends its record to the metrics, as ended by `reason` at `now`.
+    fn record(&self, state: &AppState, reason: FinishReason, now: f64) {
+        let (token_times, scheduled) = snapshot(&self.live);
+        let record = RequestRecord { arrival: self.arrival, token_times, outcome: metrics::outcome(reason), end: now, class: self.class };
+        state.window.finish(self.id, &self.name, record, self.prompt_tokens, reason, scheduled);
+    }
+}
+
+fn snapshot(live: &Mutex<Live>) -> (Vec<f64>, Option<f64>) {
+    live.lock().map(|l| (l.token_times.clone(), l.scheduled)).unwrap_or_default()
 }
 
 impl Drop for Generation {
@@ -260,9 +299,7 @@ impl Drop for Generation {
                 self.engine.abort(c.id);
             }
             if !std::mem::replace(&mut c.recorded, true) {
-                let token_times = c.live.lock().map(|l| l.token_times.clone()).unwrap_or_default();
-                let record = RequestRecord { arrival: c.arrival, token_times, outcome: metrics::outcome(FinishReason::Abort), end: now, class: c.class };
-                self.state.window.finish(c.id, &c.name, record, c.prompt_tokens, FinishReason::Abort);
+                c.record(&self.state, FinishReason::Abort, now);
             }
         }
     }

@@ -140,7 +140,7 @@ pub fn stream(
             yield data;
         }
         if include_usage {
-            let usage = Some(Usage::new(gen.prompt_tokens, gen.completion_tokens()));
+            let usage = Some(Usage::new(gen.prompt_tokens, gen.cached_tokens(), gen.completion_tokens()));
             yield match &endpoint {
                 Endpoint::Completion { .. } => sse(&meta.body::<CompletionChoice>("text_completion", vec![], usage)),
                 Endpoint::Chat { .. } => sse(&meta.body::<ChatChunkChoice>("chat.completion.chunk", vec![], usage)),
@@ -179,7 +179,7 @@ pub async fn collect(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokeniz
     if let Some(e) = finishes.iter().flatten().find_map(|&r| ApiError::from_finish(r)) {
         return Err(e);
     }
-    let usage = Some(Usage::new(gen.prompt_tokens, gen.completion_tokens()));
+    let usage = Some(Usage::new(gen.prompt_tokens, gen.cached_tokens(), gen.completion_tokens()));
     let body = match &endpoint {
         Endpoint::Completion { echo, n: per, logprobs } => {
             let choices = (0..n)

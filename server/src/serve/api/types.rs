@@ -13,7 +13,8 @@
 //! default `--default-priority`: a request of priority `p` weighs `2^-p` in smooth goodput and
 //! in the smooth scheduler), and pace's smooth-goodput class: `reading_rate` (tokens/s the user
 //! reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is due;
-//! default `--ttft-grace`).
+//! default `--ttft-grace`, which is in milliseconds). `cache_salt` (vLLM's): requests share
+//! cached prefixes only with requests of the same salt; a salt of one's own opts out.
 
 use std::collections::BTreeMap;
 
@@ -92,6 +93,7 @@ pub struct CommonParams {
     pub reading_rate: Option<f64>,
     pub ttft_grace: Option<f64>,
     pub priority: Option<i64>,
+    pub cache_salt: Option<String>,
 }
 
 /// Defines a request body struct with its own fields plus every [`CommonParams`] field, and a
@@ -125,14 +127,15 @@ macro_rules! with_common_params {
             pub reading_rate: Option<f64>,
             pub ttft_grace: Option<f64>,
             pub priority: Option<i64>,
+            pub cache_salt: Option<String>,
         }
 
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonParams {
                 // Field by field: the prompt or messages (up to the body limit) are not copied.
-                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, .. } = self;
-                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone() }
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, cache_salt, .. } = self;
+                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone(), cache_salt: cache_salt.clone() }
             }
         }
     };
@@ -244,12 +247,26 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`, as OpenAI reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    /// Usage of `prompt` prompt tokens and `completion` generated ones.
-    pub fn new(prompt: usize, completion: usize) -> Self {
-        Self { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+    /// Usage of `prompt` prompt tokens (`cached` of them from the prefix cache) and `completion`
+    /// generated ones.
+    pub fn new(prompt: usize, cached: usize, completion: usize) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+        }
     }
 }
 

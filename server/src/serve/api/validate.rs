@@ -42,6 +42,8 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Reading class for the smooth-goodput metrics and scheduler.
     pub class: SloClass,
+    /// Prefix-cache salt (`cache_salt`, hashed): shares cached prefixes only within a salt.
+    pub cache_salt: Option<u64>,
 }
 
 /// One prompt, tokenized.
@@ -373,6 +375,16 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         Some(p) if (-10..=10).contains(&p) => SloClass::priority_weight(p),
         Some(p) => return Err(ApiError::param("priority", format!("priority must be an integer from -10 to 10 (lower is served first), got {p}"))),
     };
+    let cache_salt = match c.cache_salt.as_deref() {
+        None => None,
+        Some(s) if !s.is_empty() && s.len() <= 1024 => {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            s.hash(&mut h);
+            Some(h.finish() | 1)
+        }
+        Some(_) => return Err(ApiError::param("cache_salt", "cache_salt must be a non-empty string of at most 1024 bytes")),
+    };
     let sampling = SamplingParams {
         temperature: temperature as f32,
         top_p: top_p as f32,
@@ -399,6 +411,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         stream,
         include_usage: stream && c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         class: SloClass { reading_rate, grace, weight },
+        cache_salt,
     })
 }
 
