@@ -580,12 +580,6 @@ impl Scheduler {
         }
     }
 
-    /// Prompt tokens request `id` found in the prefix cache when it started; `None` before it
-    /// started (or when unknown).
-    pub fn cached_tokens(&self, id: RequestId) -> Option<usize> {
-        self.index.get(&id).and_then(|&s| self.slots[s].as_ref()).and_then(|r| r.cached_tokens)
-    }
-
     /// Seconds to prefill the waiting queue at full steps: the Retry-After of a full queue.
     fn queue_drain_estimate(&self) -> f64 {
         let mut full = StepShape::default();

@@ -82,9 +82,10 @@ impl EngineCore {
         self
     }
 
-    /// Ids of the requests in the last step's plan.
-    pub fn last_plan_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
-        self.plan.seqs.iter().map(|s| s.id)
+    /// The requests in the last step's plan, each with the position its slice started at (for
+    /// a request's first slice: the prompt tokens it found in the prefix cache).
+    pub fn last_plan(&self) -> impl Iterator<Item = (RequestId, usize)> + '_ {
+        self.plan.seqs.iter().map(|s| (s.id, s.start_pos))
     }
 
     /// Seconds since the engine started.

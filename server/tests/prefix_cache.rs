@@ -70,6 +70,9 @@ async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
         }
         assert!(c < a["usage"]["prompt_tokens"].as_u64().unwrap());
     }
+    // A request that ends in its first step (one token) still reports what it reused.
+    let (_, one) = post(&on, "/v1/completions", json!({"prompt": format!("{system}Hello"), "max_tokens": 1})).await;
+    assert_eq!(cached(&one), shared / 16 * 16, "{one}");
     // Streaming reports it in the usage chunk; the text is the same as non-streaming.
     let body = json!({"prompt": format!("{system}Name a prime."), "max_tokens": 8, "temperature": 0, "ignore_eos": true});
     let (_, plain) = post(&on, "/v1/completions", body.clone()).await;

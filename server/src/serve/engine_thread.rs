@@ -232,13 +232,14 @@ impl EngineLoop {
         let report = self.core.step();
         let now = self.core.now();
         if !self.first_scheduled.is_empty() {
-            for id in self.core.last_plan_ids() {
+            for (id, start) in self.core.last_plan() {
                 if let Some(arrival) = self.first_scheduled.remove(&id) {
                     let at = now - report.exec_secs;
                     metrics::record_queue_time(at - arrival);
                     if let Some(tx) = self.channels.get(&id) {
-                        let cached_tokens = self.core.scheduler().cached_tokens(id).unwrap_or(0);
-                        let _ = tx.send(EngineEvent::Scheduled { at, cached_tokens });
+                        // Its first slice starts after the prefix it found cached (read from the
+                        // plan: a request that finished in this step is gone from the scheduler).
+                        let _ = tx.send(EngineEvent::Scheduled { at, cached_tokens: start });
                     }
                 }
             }
