@@ -30,7 +30,8 @@ done
   echo "# Prefix caching on the CPU: SmolLM2-135M-Instruct Q4_1, 2 threads"
   echo
   echo "- command: \`benches/scripts/prefix-cache-cpu.sh $REPS\`"
-  echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
+  # Dirty means changes outside this report's own directory (which this run rewrites).
+  echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet -- . ":(exclude)$OUT" || echo -dirty)"
   echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%Y-%m-%d)"
   echo "- workloads: \`benches/scripts/prefix_cache_client.py\` (raw results: \`on-N.json\`, \`off-N.json\`; server logs beside them)"
   echo
