@@ -6,7 +6,6 @@
 //! The `pace` binary is `$PACE_BIN`, or `target/<profile>/pace` next to this test's directory
 //! (built by `cargo build -p pace-server` or by the workspace's tests).
 
-use std::path::PathBuf;
 
 use clap::Parser;
 use pace_bench::BenchCommand;
@@ -17,14 +16,9 @@ struct Cli {
     cmd: BenchCommand,
 }
 
-fn pace_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("PACE_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test executable");
-    // target/<profile>/deps/real_serve-HASH -> target/<profile>/pace
-    exe.parent().and_then(|d| d.parent()).expect("target dir").join("pace")
-}
+#[path = "support/pace_bin.rs"]
+mod support;
+use support::pace_bin;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_real_sweep_against_pace_serve() {

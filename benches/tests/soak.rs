@@ -5,7 +5,6 @@
 //!
 //! The `pace` binary is `$PACE_BIN`, or `target/<profile>/pace` next to this test's directory.
 
-use std::path::PathBuf;
 
 use clap::Parser;
 use pace_bench::BenchCommand;
@@ -16,13 +15,9 @@ struct Cli {
     cmd: BenchCommand,
 }
 
-fn pace_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("PACE_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test executable");
-    exe.parent().and_then(|d| d.parent()).expect("target dir").join("pace")
-}
+#[path = "support/pace_bin.rs"]
+mod support;
+use support::pace_bin;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_minute_soak_passes_every_check() {
