@@ -54,14 +54,16 @@ fn parse_penalty(s: &str) -> Result<Penalty, String> {
     s.parse::<Penalty>().map_err(|e| e.to_string())
 }
 
-fn positive(s: &str) -> Result<f64, String> {
+/// A clap value parser: a finite number > 0.
+pub fn positive(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("'{s}' must be a positive number")),
     }
 }
 
-fn non_negative(s: &str) -> Result<f64, String> {
+/// A clap value parser: a finite number >= 0.
+pub fn non_negative(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("'{s}' must be a number >= 0")),

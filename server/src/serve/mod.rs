@@ -191,19 +191,7 @@ fn parse_stall(s: &str) -> Result<(u32, f64), String> {
     Ok((id, parse_positive(secs)?))
 }
 
-fn parse_positive(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("'{s}' must be a positive number")),
-    }
-}
-
-fn parse_non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("'{s}' must be a number >= 0")),
-    }
-}
+use pace_bench::slo_args::{non_negative as parse_non_negative, positive as parse_positive};
 
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn run(args: &ServeArgs) -> Result<()> {
