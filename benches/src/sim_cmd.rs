@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
-    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Saturation, SimConfig, SweepPoint, SweepSpec,
+    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Saturation, Sharing, SimConfig, SweepPoint, SweepSpec,
 };
 use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience};
 use serde::Serialize;
@@ -108,6 +108,25 @@ pub struct SimArgs {
     /// bind before step time does, so streams are preempted and recomputed.
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     pub kv_cache_blocks: Option<u32>,
+    /// Every prompt starts with the same system prompt of this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub system_prompt: usize,
+    /// Requests are turns of conversations this long: each turn re-sends the system prompt, the
+    /// earlier questions and answers, and a new question of the preset's (or --input-len's)
+    /// prompt length.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub turns: u32,
+    /// Mean seconds a user thinks after reading an answer (at the reading rate) before sending
+    /// the next turn (exponential).
+    #[arg(long, default_value_t = 10.0)]
+    pub think_time: f64,
+    /// Reuse the KV blocks of prefixes earlier requests computed (on by default, as in pace
+    /// serve; `--enable-prefix-caching false` or `--no-enable-prefix-caching` turns it off).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
 }
 
 fn preset_parser() -> PossibleValuesParser {
@@ -256,6 +275,16 @@ pub struct SummaryLine {
     /// The counted requests of each priority, most important first, when there is a mix.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_priority: Vec<PrioritySummary>,
+    /// Mean prompt tokens of the counted requests (system prompt and history included).
+    pub mean_prompt_len: f64,
+    /// Tokens of the shared system prompt (0: none).
+    pub system_prompt: usize,
+    /// Turns per conversation (1: single requests).
+    pub turns: u32,
+    /// Whether the scheduler reused cached prefixes.
+    pub prefix_caching: bool,
+    /// Prompt tokens found cached over prompt tokens looked up.
+    pub prefix_cache_hit_rate: f64,
 }
 
 /// The counted requests of one priority (means over seeds).
@@ -342,6 +371,11 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         prior_error: args.prior_error,
         priority_mix: args.priority_mix.clone(),
         by_priority: by_priority(p),
+        mean_prompt_len: m(&|r| r.eval.mean_prompt_len),
+        system_prompt: args.system_prompt,
+        turns: args.turns,
+        prefix_caching: args.enable_prefix_caching && !args.no_enable_prefix_caching,
+        prefix_cache_hit_rate: m(&|r| r.eval.prefix_cache_hit_frac),
     }
 }
 
@@ -429,6 +463,11 @@ fn setup(args: &SimArgs) -> Result<Setup> {
             workload.lengths = LengthSource::Synthetic { input: parse_lengths(i)?, output: parse_lengths(o)? };
         }
     }
+    if !(args.think_time >= 0.0 && args.think_time.is_finite()) {
+        bail!("--think-time must be finite and >= 0");
+    }
+    workload.sharing = Sharing { system: args.system_prompt, turns: args.turns as usize, think_s: args.think_time, read_tps: args.slo.reading_rate };
+    cfg.sched.enable_prefix_caching = args.enable_prefix_caching && !args.no_enable_prefix_caching;
     let priority_mix = match &args.priority_mix {
         Some(m) => m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?,
         None => PriorityMix::default(),
@@ -482,14 +521,15 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
     let slo = &cfg.sched.slo;
     format!(
         "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
-         mean prompt {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {} | noise {}, prior error {} | \
-         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{}{}",
+         mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {} | noise {}, prior error {} | \
+         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{}{}{}",
         sat.rate,
         sat.output_tps,
         args.num_requests,
         seeds,
         args.warmup_fraction,
         args.window_end_fraction,
+        if workload.sharing.is_none() { "prompt" } else { "question" },
         args.max_tokens_rule,
         args.patience,
         args.noise,
@@ -501,7 +541,22 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         slo.binary,
         args.priority_mix.as_ref().map_or(String::new(), |m| format!(" | priority mix {m}")),
         format!(" | {} KV blocks of {} tokens", cfg.sched.num_kv_blocks, cfg.sched.block_size),
+        sharing(workload, cfg),
     )
+}
+
+/// The prompts' sharing and the prefix cache, for the description.
+fn sharing(workload: &pace_scheduler::sim::WorkloadSpec, cfg: &SimConfig) -> String {
+    let s = workload.sharing;
+    let mut out = String::new();
+    if s.system > 0 {
+        let _ = write!(out, " | shared system prompt of {} tokens", s.system);
+    }
+    if s.turns > 1 {
+        let _ = write!(out, " | conversations of {} turns, think time exp:{}s", s.turns, s.think_s);
+    }
+    let _ = write!(out, " | prefix caching {}", if cfg.sched.enable_prefix_caching { "on" } else { "off" });
+    out
 }
 
 fn pct(v: f64) -> String {
@@ -530,7 +585,8 @@ pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
                 first.rate, first.load_factor, first.ceiling, first.theta, first.window_s, first.counted
             ),
         };
-        let _ = writeln!(out, "{}{title}", if markdown { "\n#### " } else { "\n" });
+        let cache = if first.prefix_caching { format!(", {} of prompt tokens cached", pct(first.prefix_cache_hit_rate)) } else { String::new() };
+        let _ = writeln!(out, "{}{title}; mean prompt {:.0} tokens{cache}", if markdown { "\n#### " } else { "\n" }, first.mean_prompt_len);
         let cells: Vec<Vec<String>> = rows
             .iter()
             .map(|l| {

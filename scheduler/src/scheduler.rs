@@ -240,6 +240,7 @@ impl Req {
             arrival: self.arrival,
             class: self.class,
             prompt_len: self.prompt_len,
+            cached_prompt: self.cached_tokens.unwrap_or(self.cached_hint),
             num_tokens: self.tokens.len(),
             num_computed: if self.blocks.is_empty() { self.num_computed.max(self.cached_hint) } else { self.num_computed },
             num_output: self.num_output(),
@@ -488,13 +489,15 @@ impl Scheduler {
         if self.queued_tokens + req.prompt.len() > self.cfg.max_queue_tokens {
             return refuse(RejectReason::QueueTokens, self.queue_drain_estimate());
         }
+        let cached = self.cached_prefix(&req.prompt, req.cache_salt.unwrap_or(0)).len() * self.cfg.block_size;
         let view = SeqView {
             id: req.id,
             arrival: req.arrival,
             class: req.class.unwrap_or(self.cfg.slo.default_class),
             prompt_len: req.prompt.len(),
+            cached_prompt: cached,
             num_tokens: req.prompt.len(),
-            num_computed: self.cached_prefix(&req.prompt, req.cache_salt.unwrap_or(0)).len() * self.cfg.block_size,
+            num_computed: cached,
             num_output: 0,
             max_output: req.max_tokens.min(self.max_len - req.prompt.len()),
             blocks_held: 0,

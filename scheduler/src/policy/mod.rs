@@ -34,6 +34,9 @@ pub struct SeqView {
     pub class: SloClass,
     /// Prompt tokens.
     pub prompt_len: usize,
+    /// Of those, tokens the prefix cache held when it started (a waiting request that never
+    /// ran: what it would find now). Its prefill costs only `prompt_len - cached_prompt`.
+    pub cached_prompt: usize,
     /// Known tokens: prompt plus generated output.
     pub num_tokens: usize,
     /// Tokens in the KV cache.
@@ -63,6 +66,11 @@ impl SeqView {
     /// Deadline of its next output token.
     pub fn next_deadline(&self) -> f64 {
         self.class.deadline(self.arrival, self.num_output + 1)
+    }
+
+    /// Prompt tokens it computes (or computed) itself: those the prefix cache did not hold.
+    pub fn uncached_prompt(&self) -> usize {
+        self.prompt_len - self.cached_prompt.min(self.prompt_len)
     }
 
     /// Output tokens still to generate, at most.

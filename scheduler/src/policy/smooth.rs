@@ -266,7 +266,8 @@ fn prefill_per_token(c: &CostCoeffs, ctx: &PolicyContext<'_>, extra: Option<(&Se
     let (mut secs, mut tokens) = (0.0, 0.0);
     let known = ctx.running.iter().chain(ctx.waiting).map(|v| (v, ctx.expected_remaining(v)));
     for (v, rem) in known.chain(extra) {
-        secs += c.per_prefill_token_s * v.prompt_len as f64 + c.per_attn_pair_s * pairs(0, v.prompt_len);
+        // Only the uncached part is computed; its queries still attend over the cached part.
+        secs += c.per_prefill_token_s * v.uncached_prompt() as f64 + c.per_attn_pair_s * pairs(v.prompt_len - v.uncached_prompt(), v.uncached_prompt());
         tokens += v.num_output as f64 + rem;
     }
     if tokens > 0.0 {
@@ -689,6 +690,7 @@ mod tests {
             arrival,
             class: SloClass { weight, ..SloClass::default() },
             prompt_len: prompt,
+            cached_prompt: 0,
             num_tokens: prompt + output,
             num_computed: computed,
             num_output: output,
@@ -733,6 +735,24 @@ mod tests {
         let mut d = Decisions::default();
         Smooth::new(SmoothConfig::default()).plan(&ctx, &mut d);
         d
+    }
+
+    /// The prefill load a stream's replacement brings is priced at what is computed: a prompt
+    /// the prefix cache mostly holds costs a fraction of one it does not.
+    #[test]
+    fn cached_prompt_tokens_are_not_priced_as_prefill() {
+        let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let c = cost.coeffs();
+        let kappa = |cached: usize| {
+            let mut w = seq(1, 0.0, 1600, 0, 1.0);
+            w.cached_prompt = cached;
+            w.num_computed = cached;
+            let waiting = [w];
+            super::prefill_per_token(&c, &context(&[], &waiting, 0.0, (&cost, &lengths, &patience, &slo)), None)
+        };
+        let (cold, warm) = (kappa(0), kappa(1584));
+        assert!(cold > 0.0 && warm > 0.0);
+        assert!(warm < cold / 20.0, "cold {cold} warm {warm}");
     }
 
     /// Once two prompts are both late, the heavier (a higher priority) is prefilled first even

@@ -38,7 +38,7 @@ use crate::request::{Event, FinishReason, NewRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::slo::{ceiling, ceiling_fraction, weighted_ceiling, delivered_rate, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
 pub use preset::{preset, presets, Preset, PRESET_NAMES};
-pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, PriorityMix, SimRequest, WorkloadSpec};
+pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, PriorityMix, Sharing, SimRequest, Turn, WorkloadSpec};
 
 /// The token id simulated outputs end with.
 const EOS: u32 = 2;
@@ -171,6 +171,13 @@ pub struct Evaluation {
     /// the same one (a priority mix): (priority, stats), most important first.
     #[serde(default)]
     pub by_priority: Vec<(i64, WindowStats)>,
+    /// Mean prompt tokens of the counted requests (system prompt and history included).
+    #[serde(default)]
+    pub mean_prompt_len: f64,
+    /// Prompt tokens found in the prefix cache over prompt tokens looked up, whole run (0
+    /// with caching off).
+    #[serde(default)]
+    pub prefix_cache_hit_frac: f64,
 }
 
 impl SimResult {
@@ -223,6 +230,12 @@ impl SimResult {
             steps: self.steps,
             offered_by_weight,
             by_priority,
+            mean_prompt_len: self.requests[lo..hi].iter().map(|r| r.prompt_len as f64).sum::<f64>() / (hi - lo).max(1) as f64,
+            prefix_cache_hit_frac: if self.stats.prefix_cache_queries > 0 {
+                self.stats.prefix_cache_hits as f64 / self.stats.prefix_cache_queries as f64
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -426,7 +439,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
             let r = &reqs[i];
             let req = NewRequest {
                 id: i as u64,
-                prompt: vec![1; r.prompt_len],
+                prompt: r.prompt_tokens(i),
                 max_tokens: r.max_tokens,
                 min_tokens: 0,
                 stop_token_ids: vec![EOS],
@@ -493,7 +506,8 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
         out.sampled.clear();
         out.sampled.extend(plan.seqs.iter().filter(|s| s.sample).map(|s| {
             let i = s.id as usize;
-            let token = if book.delivered[i] + 1 >= reqs[i].output_len { EOS } else { 1 };
+            let n = book.delivered[i];
+            let token = if n + 1 >= reqs[i].output_len { EOS } else { reqs[i].output_token(i, n) };
             SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() }
         }));
         let events = sched.update(&plan, &out, t);
@@ -740,7 +754,7 @@ mod tests {
     }
 
     fn req(arrival: f64, prompt_len: usize, output_len: usize, max_tokens: usize, patience: f64) -> SimRequest {
-        SimRequest { arrival, prompt_len, output_len, max_tokens, patience, priority: 0 }
+        SimRequest { arrival, prompt_len, output_len, max_tokens, patience, priority: 0, system: 0, turn: None }
     }
 
     #[test]
@@ -755,6 +769,37 @@ mod tests {
         assert_eq!(res.stats.finished.length, 1);
         // Work: 32 prompt tokens and one decode input per further token.
         assert_eq!(res.work, vec![32 + 4, 32 + 19]);
+    }
+
+    /// Conversations over a shared system prompt: with prefix caching the engine computes a
+    /// fraction of the prompt tokens it computes without, every request still gets its whole
+    /// answer, and the tokens the model sees are the same.
+    #[test]
+    fn prefix_caching_saves_the_shared_prompts_work() {
+        let (cfg, p) = cpu();
+        let spec = WorkloadSpec { sharing: Sharing { system: 400, turns: 6, think_s: 5.0, read_tps: 20.0 }, ..p.workload.clone() };
+        let mut reqs = spec.generate(0.2, 240, 9);
+        ClientModel { max_tokens: MaxTokensRule::Cap(256), ..ClientModel::default() }.apply(&mut reqs, 9, 8192);
+        let run = |caching: bool| {
+            let mut c = SimConfig { warmup_fraction: 0.0, window_end_fraction: 1.0, ..cfg.clone() };
+            c.sched.enable_prefix_caching = caching;
+            simulate(&c, crate::policy::by_name("fcfs").unwrap(), &reqs).unwrap()
+        };
+        let (on, off) = (run(true), run(false));
+        for res in [&on, &off] {
+            for r in &res.records {
+                assert_eq!(r.outcome, Outcome::Completed, "{r:?}");
+            }
+            for (r, q) in res.records.iter().zip(&reqs) {
+                assert_eq!(r.num_tokens(), q.served_len());
+            }
+        }
+        let (w_on, w_off) = (on.work.iter().sum::<usize>(), off.work.iter().sum::<usize>());
+        assert!((w_on as f64) < 0.3 * w_off as f64, "work with caching {w_on}, without {w_off}");
+        let hit = on.evaluate(&cfg.sched.slo).prefix_cache_hit_frac;
+        assert!(hit > 0.8, "hit rate {hit}");
+        assert_eq!(off.evaluate(&cfg.sched.slo).prefix_cache_hit_frac, 0.0);
+        assert!(on.records.iter().map(|r| r.ttft().unwrap()).sum::<f64>() < off.records.iter().map(|r| r.ttft().unwrap()).sum::<f64>());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! Every number a preset uses is in this file, next to where it came from.
 
-use super::workload::{Arrivals, LengthSource, Lengths, WorkloadSpec};
+use super::workload::{Arrivals, LengthSource, Lengths, Sharing, WorkloadSpec};
 use crate::cost::CostCoeffs;
 use crate::lengths::LengthPrior;
 use crate::scheduler::SchedulerConfig;
@@ -114,7 +114,7 @@ fn cpu_smollm2() -> Preset {
             lengths: LengthPrior::default(),
             enable_prefix_caching: false,
         },
-        workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()) },
+        workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()), sharing: Sharing::default() },
         goodput: "ttft:5000 tpot:100",
     }
 }
@@ -181,6 +181,7 @@ fn h200_llama3_8b() -> Preset {
         workload: WorkloadSpec {
             arrivals: Arrivals::Poisson,
             lengths: LengthSource::Synthetic { input: Lengths::Uniform(128, 1024), output: Lengths::Uniform(32, 512) },
+            sharing: Sharing::default(),
         },
         goodput: "ttft:500 tpot:50",
     }

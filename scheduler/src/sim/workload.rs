@@ -85,12 +85,108 @@ pub struct SimRequest {
     /// [`crate::slo::SloClass::priority_weight`]).
     #[serde(default)]
     pub priority: i64,
+    /// The prompt starts with this many tokens of the system prompt every request of the
+    /// workload shares ([`Sharing::system`]).
+    #[serde(default)]
+    pub system: usize,
+    /// The conversation this request is a turn of (its prompt re-sends the turns before it).
+    #[serde(default)]
+    pub turn: Option<Turn>,
+}
+
+/// One turn of a simulated conversation. Its prompt is the system prompt, then the
+/// conversation's token stream up to the end of its question: earlier questions and the answers
+/// as they were served, then this question. Its answer continues the same stream, so the next
+/// turn's prompt holds this one's prompt and answer token for token, as a chat client re-sends
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// The conversation.
+    pub conversation: u64,
+    /// Its place in the conversation, from 0.
+    pub index: usize,
+    /// Tokens of this turn's question (the rest of the prompt after the system prompt is
+    /// history).
+    pub question: usize,
+    /// Which token stream the turn's history and answer come from: the conversation's, renewed
+    /// when its history no longer fits the model and the client starts over.
+    pub stream: u64,
+}
+
+/// The token stream of the system prompt.
+const SYSTEM_STREAM: u64 = u64::MAX;
+/// Conversation streams are marked by the top bit; a request of no conversation has a stream of
+/// its own, its index.
+const CONVERSATION_STREAMS: u64 = 1 << 63;
+
+/// Token `pos` of token stream `stream`: a seeded hash, in `3..32003` (never the simulator's
+/// end-of-sequence token), so different streams share no block and a stream is the same
+/// wherever it is re-sent.
+pub fn stream_token(stream: u64, pos: usize) -> u32 {
+    let mut z = stream ^ (pos as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    3 + (z % 32_000) as u32
 }
 
 impl SimRequest {
     /// Output tokens it produces if served to the end: `min(output_len, max_tokens)`.
     pub fn served_len(&self) -> usize {
         self.output_len.min(self.max_tokens)
+    }
+
+    /// The token stream after the system prompt: its conversation's, or (`index`: its place in
+    /// the run) its own.
+    fn stream(&self, index: usize) -> u64 {
+        self.turn.map_or(index as u64 & !CONVERSATION_STREAMS, |t| t.stream)
+    }
+
+    /// The prompt's tokens (`index`: the request's place in the run).
+    pub fn prompt_tokens(&self, index: usize) -> Vec<u32> {
+        let system = self.system.min(self.prompt_len);
+        let stream = self.stream(index);
+        (0..system).map(|p| stream_token(SYSTEM_STREAM, p)).chain((0..self.prompt_len - system).map(|p| stream_token(stream, p))).collect()
+    }
+
+    /// Output token `n` (from 0): the stream's continuation.
+    pub fn output_token(&self, index: usize, n: usize) -> u32 {
+        stream_token(self.stream(index), self.prompt_len - self.system.min(self.prompt_len) + n)
+    }
+}
+
+/// Prompts that share prefixes, as chat traffic does: one system prompt every request starts
+/// with, and conversations whose every turn re-sends the history before its new question.
+///
+/// A conversation's first turn arrives by the workload's arrival process (at the rate over the
+/// turns, so requests arrive at the rate); each later turn comes after the user has read the
+/// answer at the reading rate (plus a second for the first token) and thought for an exponential
+/// time. The schedule is fixed in advance (an open loop): a server that falls behind does not
+/// slow its users down, and a turn that arrives before its predecessor was answered still
+/// carries the answer in its prompt (but finds less of it cached).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sharing {
+    /// Tokens of the shared system prompt.
+    pub system: usize,
+    /// Turns per conversation (1: every request is on its own).
+    pub turns: usize,
+    /// Mean think time between reading an answer and sending the next question, seconds.
+    pub think_s: f64,
+    /// Reading rate of the users, tokens per second.
+    pub read_tps: f64,
+}
+
+impl Default for Sharing {
+    /// No sharing: no system prompt, one turn.
+    fn default() -> Self {
+        Self { system: 0, turns: 1, think_s: 10.0, read_tps: 20.0 }
+    }
+}
+
+impl Sharing {
+    /// Whether prompts share anything.
+    pub fn is_none(&self) -> bool {
+        self.system == 0 && self.turns <= 1
     }
 }
 
@@ -138,11 +234,31 @@ impl Default for ClientModel {
 impl ClientModel {
     /// Sets `max_tokens` (within `max_model_len`), a seeded patience and a seeded priority on
     /// every request.
+    ///
+    /// Conversation turns (in arrival order) get their histories here, from the answers as
+    /// `max_tokens` lets them be served; a history that leaves no room in the model for the
+    /// next answer is dropped and the conversation starts over on a new stream, as a chat
+    /// client does when the context is full.
     pub fn apply(&self, reqs: &mut [SimRequest], seed: u64, max_model_len: usize) {
         let patience = self.patience.draw(reqs.len(), seed);
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0000_0000_0007);
+        // Per conversation: (stream length so far, restarts).
+        let mut history: std::collections::HashMap<u64, (usize, u64)> = std::collections::HashMap::new();
         for (r, p) in reqs.iter_mut().zip(patience) {
+            if let Some(turn) = r.turn.as_mut() {
+                let (len, restarts) = history.entry(turn.conversation).or_insert((0, 0));
+                let room = |len: usize| max_model_len.saturating_sub(r.system + len + turn.question);
+                if *len > 0 && room(*len) < r.output_len.min(max_model_len / 4).max(1) + 1 {
+                    *len = 0;
+                    *restarts += 1;
+                }
+                turn.stream = CONVERSATION_STREAMS | turn.conversation << 16 | (*restarts & 0xffff);
+                r.prompt_len = r.system + *len + turn.question;
+            }
             r.max_tokens = self.max_tokens.max_tokens(r.output_len, max_model_len.saturating_sub(r.prompt_len));
+            if let Some(turn) = r.turn {
+                history.get_mut(&turn.conversation).expect("inserted above").0 += turn.question + r.served_len();
+            }
             r.patience = p;
             // Drawn for every request, so the same seed marks the same requests at any fraction.
             let u: f64 = rng.random();
@@ -158,27 +274,74 @@ pub struct WorkloadSpec {
     pub arrivals: Arrivals,
     /// Lengths.
     pub lengths: LengthSource,
+    /// Shared prefixes (a system prompt, conversations); the prompt lengths of `lengths` are
+    /// then those of the questions.
+    #[serde(default)]
+    pub sharing: Sharing,
 }
 
 impl WorkloadSpec {
     /// `num` requests at `rate` per second from `seed`. Lengths depend only on the seed, so the
     /// same seed gives the same requests at every rate, only spaced differently. `max_tokens` is
     /// the true length and patience infinite until a [`ClientModel`] is applied.
+    ///
+    /// With conversations ([`Sharing::turns`] above 1) conversations start at `rate / turns` and
+    /// their turns interleave; the first `num` requests to arrive are returned, their histories
+    /// sized as if every answer were served in full until [`ClientModel::apply`] sizes them by
+    /// `max_tokens`.
     pub fn generate(&self, rate: f64, num: usize, seed: u64) -> Vec<SimRequest> {
         let mut len_rng = StdRng::seed_from_u64(seed);
         let mut gap_rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let sample = |rng: &mut StdRng| match &self.lengths {
+            LengthSource::Synthetic { input, output } => (input.sample(rng), output.sample(rng)),
+            LengthSource::Pairs(p) => p[rng.random_range(0..p.len())],
+        };
+        let system = self.sharing.system;
         let mut t = 0.0;
-        (0..num)
-            .map(|_| {
-                let (prompt_len, output_len) = match &self.lengths {
-                    LengthSource::Synthetic { input, output } => (input.sample(&mut len_rng), output.sample(&mut len_rng)),
-                    LengthSource::Pairs(p) => p[len_rng.random_range(0..p.len())],
-                };
-                let r = SimRequest { arrival: t, prompt_len, output_len, max_tokens: output_len, patience: f64::INFINITY, priority: 0 };
-                t += self.gap(rate, &mut gap_rng);
-                r
-            })
-            .collect()
+        let new = |arrival, question: usize, output_len, turn| SimRequest {
+            arrival,
+            prompt_len: system + question,
+            output_len,
+            max_tokens: output_len,
+            patience: f64::INFINITY,
+            priority: 0,
+            system,
+            turn,
+        };
+        let turns = self.sharing.turns.max(1);
+        if turns == 1 {
+            return (0..num)
+                .map(|_| {
+                    let (question, output_len) = sample(&mut len_rng);
+                    let r = new(t, question, output_len, None);
+                    t += self.gap(rate, &mut gap_rng);
+                    r
+                })
+                .collect();
+        }
+        let mut think_rng = StdRng::seed_from_u64(seed ^ 0x7417_0000_0000_0011);
+        let think = Exp::new(1.0 / self.sharing.think_s.max(1e-9)).expect("positive think time");
+        let conversations = num.div_ceil(turns) * 2 + 1;
+        let mut reqs = Vec::with_capacity(conversations * turns);
+        for c in 0..conversations as u64 {
+            let mut at = t;
+            let mut history = 0;
+            for index in 0..turns {
+                let (question, output_len) = sample(&mut len_rng);
+                let stream = CONVERSATION_STREAMS | c << 16;
+                let mut r = new(at, question, output_len, Some(Turn { conversation: c, index, question, stream }));
+                r.prompt_len += history;
+                reqs.push(r);
+                history += question + output_len;
+                if rate.is_finite() {
+                    at += 1.0 + output_len as f64 / self.sharing.read_tps.max(1e-9) + think.sample(&mut think_rng);
+                }
+            }
+            t += self.gap(rate / turns as f64, &mut gap_rng);
+        }
+        reqs.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
+        reqs.truncate(num);
+        reqs
     }
 
     fn gap(&self, rate: f64, rng: &mut StdRng) -> f64 {
@@ -194,7 +357,7 @@ impl WorkloadSpec {
         }
     }
 
-    /// Mean (prompt, output) tokens.
+    /// Mean (question, output) tokens: the prompt without the system prompt and history.
     pub fn mean_lengths(&self) -> (f64, f64) {
         match &self.lengths {
             LengthSource::Synthetic { input, output } => (input.mean(), output.mean()),
@@ -276,6 +439,7 @@ mod tests {
         let spec = WorkloadSpec {
             arrivals: Arrivals::Poisson,
             lengths: LengthSource::Synthetic { input: Lengths::Uniform(10, 20), output: Lengths::Fixed(5) },
+            sharing: Sharing::default(),
         };
         let a = spec.generate(50.0, 5000, 7);
         let b = spec.generate(50.0, 5000, 7);
@@ -290,7 +454,7 @@ mod tests {
     #[test]
     fn gamma_arrivals_are_burstier() {
         let cv_of = |arrivals| {
-            let spec = WorkloadSpec { arrivals, lengths: LengthSource::Pairs(vec![(1, 1)]) };
+            let spec = WorkloadSpec { arrivals, lengths: LengthSource::Pairs(vec![(1, 1)]), sharing: Sharing::default() };
             let r = spec.generate(10.0, 4000, 1);
             let gaps: Vec<f64> = r.windows(2).map(|w| w[1].arrival - w[0].arrival).collect();
             let m = gaps.iter().sum::<f64>() / gaps.len() as f64;
@@ -301,6 +465,71 @@ mod tests {
         assert!((m - 0.1).abs() < 0.02 && cv > 2.0, "mean {m} cv {cv}");
         let (_, cv) = cv_of(Arrivals::Poisson);
         assert!((cv - 1.0).abs() < 0.15);
+    }
+
+    /// Every turn re-sends the one before it, prompt and answer (as served, up to the
+    /// end-of-sequence token, whose position the next question starts at) token for token;
+    /// conversations share the system prompt and nothing else; requests still arrive at the rate.
+    #[test]
+    fn conversations_resend_their_history_token_for_token() {
+        let spec = WorkloadSpec {
+            arrivals: Arrivals::Poisson,
+            lengths: LengthSource::Synthetic { input: Lengths::Uniform(10, 30), output: Lengths::Uniform(5, 60) },
+            sharing: Sharing { system: 40, turns: 4, think_s: 2.0, read_tps: 20.0 },
+        };
+        let mut reqs = spec.generate(2.0, 2000, 5);
+        assert_eq!(reqs.len(), 2000);
+        assert!(reqs.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+        ClientModel { max_tokens: MaxTokensRule::Cap(40), ..ClientModel::default() }.apply(&mut reqs, 5, 4096);
+        // Steady rate over the middle of the run (conversations start at rate / turns).
+        let (a, b) = (reqs[500].arrival, reqs[1500].arrival);
+        let rate = 1000.0 / (b - a);
+        assert!((rate - 2.0).abs() < 0.3, "rate {rate}");
+        let mut by_conv: std::collections::HashMap<u64, Vec<usize>> = std::collections::HashMap::new();
+        for (i, r) in reqs.iter().enumerate() {
+            by_conv.entry(r.turn.expect("a turn").conversation).or_default().push(i);
+        }
+        let mut checked = 0;
+        for turns in by_conv.values() {
+            for (k, w) in turns.windows(2).enumerate() {
+                let (p, n) = (&reqs[w[0]], &reqs[w[1]]);
+                assert_eq!((p.turn.unwrap().index, n.turn.unwrap().index), (k, k + 1));
+                assert!(p.arrival < n.arrival);
+                let (pt, nt) = (p.prompt_tokens(w[0]), n.prompt_tokens(w[1]));
+                let answer: Vec<u32> = (0..p.served_len()).map(|j| p.output_token(w[0], j)).collect();
+                assert_eq!(n.prompt_len, p.prompt_len + p.served_len() + n.turn.unwrap().question);
+                assert_eq!(&nt[..pt.len()], &pt[..], "the history starts with the last prompt");
+                assert_eq!(&nt[pt.len()..pt.len() + answer.len()], &answer[..], "then its answer");
+                checked += 1;
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+        // Two conversations: the system prompt in common, then different streams.
+        let j = reqs.iter().position(|r| r.turn.unwrap().conversation != reqs[0].turn.unwrap().conversation).unwrap();
+        let (x, y) = (reqs[0].prompt_tokens(0), reqs[j].prompt_tokens(j));
+        assert_eq!(x[..40], y[..40]);
+        assert!(x[40..].iter().zip(&y[40..]).filter(|(a, b)| a == b).count() < 2);
+        assert!(x.iter().chain(&y).all(|&t| t >= 3));
+    }
+
+    /// A history that leaves no room for the next answer is dropped: the conversation starts
+    /// over on a new stream, and no prompt plus its `max_tokens` exceeds the model.
+    #[test]
+    fn a_conversation_that_outgrows_the_model_starts_over() {
+        let spec = WorkloadSpec {
+            arrivals: Arrivals::Poisson,
+            lengths: LengthSource::Synthetic { input: Lengths::Fixed(50), output: Lengths::Fixed(100) },
+            sharing: Sharing { system: 100, turns: 10, think_s: 1.0, read_tps: 20.0 },
+        };
+        let mut reqs = spec.generate(1.0, 300, 2);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), ..ClientModel::default() }.apply(&mut reqs, 2, 600);
+        for r in &reqs {
+            assert!(r.prompt_len + r.served_len() <= 600 && r.served_len() == 100, "prompts fit with their answers: {r:?}");
+        }
+        let restarted: Vec<&SimRequest> = reqs.iter().filter(|r| r.turn.unwrap().index > 0 && r.prompt_len == 150).collect();
+        assert!(!restarted.is_empty());
+        let first = reqs.iter().find(|r| r.turn.unwrap().index == 0 && r.turn.unwrap().conversation == restarted[0].turn.unwrap().conversation).unwrap();
+        assert_ne!(first.turn.unwrap().stream, restarted[0].turn.unwrap().stream, "a new stream");
     }
 
     #[test]
