@@ -1,7 +1,9 @@
 // Runs pace's CUDA kernels under the host emulation (emu.h) against a naive f64 reference that
 // gathers K/V through the block table: every cache dtype and q dtype, head sizes 64 and 128,
 // block sizes 16 and 32, GQA groups 1 to 9 (more than a block's 8 heads), decode and prefill
-// chunks in one batch, split-K partitions, caches full of NaN outside the written slots.
+// chunks in one batch, split-K partitions, caches full of NaN outside the written slots, and
+// prefix caching's block tables: sequences whose leading blocks are the same physical blocks,
+// written once by the first of them, the others computing only the positions after them.
 //
 // Build: c++ -std=c++17 -O2 -DPACE_EMU -I kernels/cuda kernels/cuda/emu_test.cpp
 // Usage: emu_test [quick]   (exit status 0 when every case is within tolerance)
@@ -52,6 +54,7 @@ float round_to(Dt d, float v) {
 
 struct Seq {
     uint32_t ctx, qlen;
+    uint32_t cached = 0;  // leading positions in blocks another sequence wrote (prefix caching)
     std::vector<uint32_t> blocks;
     std::vector<float> k, v;  // ctx x kv_heads x head_dim
 };
@@ -61,12 +64,63 @@ struct Case {
     uint32_t kv_heads, group, head_dim, block_size, num_blocks;
     std::vector<Seq> seqs;
     std::vector<float> q;  // tokens x heads x head_dim (already rounded to qdt)
+    bool shared = false;   // sequences share leading blocks
     uint32_t tokens() const {
         uint32_t t = 0;
         for (auto& s : seqs) t += s.qlen;
         return t;
     }
 };
+
+// A batch whose sequences share a cached prefix: sequence 0 holds `P` full blocks and wrote
+// them; each other sequence's table starts with 0 to `P` of the same block ids (the same keys
+// and values there), continues in blocks of its own, and its query chunk lies after the shared
+// part, as the scheduler plans a request that found its prefix cached.
+Case make_shared_case(std::mt19937_64& rng, Dt cache, Dt qdt, uint32_t kvh, uint32_t group, uint32_t d, uint32_t bs,
+                      uint32_t max_ctx) {
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    Case c{cache, qdt, kvh, group, d, bs, 0, {}, {}, true};
+    const uint32_t P = 1 + rng() % std::max<uint32_t>(1, max_ctx / bs / 2);
+    const size_t row = (size_t)kvh * d;
+    std::vector<float> pk((size_t)P * bs * row), pv(pk.size());
+    for (auto& x : pk) x = round_to(cache, u(rng));
+    for (auto& x : pv) x = round_to(cache, u(rng));
+    const uint32_t nseq = 2 + rng() % 3;
+    uint32_t own_blocks = 0;
+    for (uint32_t i = 0; i < nseq; ++i) {
+        Seq s;
+        const uint32_t p = i == 0 ? P : rng() % (P + 1);
+        s.cached = i == 0 ? 0 : p * bs;
+        s.ctx = p * bs + 1 + rng() % std::max<uint32_t>(1, max_ctx / 2);
+        const uint32_t fresh = s.ctx - s.cached;
+        s.qlen = i == 0 ? 1 + rng() % std::min<uint32_t>(s.ctx, 24) : (i % 2 ? fresh : 1 + rng() % std::min<uint32_t>(fresh, 24));
+        s.blocks.assign(p, 0);  // the shared ids, filled below
+        own_blocks += (s.ctx + bs - 1) / bs - p;
+        s.k.resize((size_t)s.ctx * row);
+        s.v.resize(s.k.size());
+        for (size_t e = 0; e < s.k.size(); ++e) {
+            const bool in_prefix = e < (size_t)p * bs * row;
+            s.k[e] = in_prefix ? pk[e] : round_to(cache, u(rng));
+            s.v[e] = in_prefix ? pv[e] : round_to(cache, u(rng));
+        }
+        c.seqs.push_back(s);
+    }
+    c.num_blocks = 1 + P + own_blocks + 5;
+    std::vector<uint32_t> free_blocks;
+    for (uint32_t b = 1; b < c.num_blocks; ++b) free_blocks.push_back(b);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    std::vector<uint32_t> prefix(free_blocks.end() - P, free_blocks.end());
+    free_blocks.resize(free_blocks.size() - P);
+    for (auto& s : c.seqs) {
+        for (size_t b = 0; b < s.blocks.size(); ++b) s.blocks[b] = prefix[b];
+        const uint32_t nb = (s.ctx + bs - 1) / bs - s.blocks.size();
+        s.blocks.insert(s.blocks.end(), free_blocks.end() - nb, free_blocks.end());
+        free_blocks.resize(free_blocks.size() - nb);
+    }
+    c.q.resize((size_t)c.tokens() * kvh * group * d);
+    for (auto& x : c.q) x = round_to(qdt, u(rng));
+    return c;
+}
 
 Case make_case(std::mt19937_64& rng, Dt cache, Dt qdt, uint32_t kvh, uint32_t group, uint32_t d, uint32_t bs,
                uint32_t max_ctx) {
@@ -148,22 +202,24 @@ Device upload(const Case& c) {
     for (auto& s : c.seqs) dev.max_blocks = std::max<uint32_t>(dev.max_blocks, s.blocks.size());
     dev.cu.push_back(0);
     for (auto& s : c.seqs) {
+        // A cached prefix was written by the sequence that computed it; this one writes the rest.
         std::vector<uint32_t> slots;
-        for (uint32_t p = 0; p < s.ctx; ++p) slots.push_back(s.blocks[p / c.block_size] * c.block_size + p % c.block_size);
-        for (int which = 0; which < 2; ++which) {
+        for (uint32_t p = s.cached; p < s.ctx; ++p) slots.push_back(s.blocks[p / c.block_size] * c.block_size + p % c.block_size);
+        const size_t skip = (size_t)s.cached * c.kv_heads * c.head_dim;
+        for (int which = 0; which < 2 && !slots.empty(); ++which) {
             const std::vector<float>& src = which == 0 ? s.k : s.v;
-            std::vector<unsigned char> kv(src.size() * size_of(c.cache));
-            for (size_t i = 0; i < src.size(); ++i) put(kv, c.cache, i, src[i]);
+            std::vector<unsigned char> kv((src.size() - skip) * size_of(c.cache));
+            for (size_t i = skip; i < src.size(); ++i) put(kv, c.cache, i - skip, src[i]);
             pace::CacheParams p{};
             p.kv = kv.data();
             p.cache = which == 0 ? dev.k_cache.data() : dev.v_cache.data();
             p.slots = slots.data();
-            p.num_tokens = s.ctx;
+            p.num_tokens = slots.size();
             p.kv_heads = c.kv_heads;
             p.head_dim = c.head_dim;
             p.block_size = c.block_size;
             p.num_slots = c.num_blocks * c.block_size;
-            emu::launch(dim3(s.ctx), dim3(128), [&] {
+            emu::launch(dim3(slots.size()), dim3(128), [&] {
                 if (c.cache == Dt::F32) reshape_and_cache_b32(p);
                 else reshape_and_cache_b16(p);
             });
@@ -289,9 +345,9 @@ bool check(const Case& c, Mode mode, const std::vector<float>& got, const std::v
         if (err > worst || std::isnan(err)) worst = std::isnan(err) ? INFINITY : err;
     }
     const char* m = mode == Mode::Simt ? "simt" : mode == Mode::SimtSplit ? "simt-split" : "mma";
-    std::printf("%-4s %-10s cache=%-4s q=%-4s kvh=%u group=%u d=%u bs=%u seqs=%zu tokens=%u: max err %.3g",
+    std::printf("%-4s %-10s cache=%-4s q=%-4s kvh=%u group=%u d=%u bs=%u seqs=%zu tokens=%u%s: max err %.3g",
                 bad ? "FAIL" : "ok", m, name(c.cache), name(c.qdt), c.kv_heads, c.group, c.head_dim, c.block_size,
-                c.seqs.size(), c.tokens(), worst);
+                c.seqs.size(), c.tokens(), c.shared ? " shared-prefix" : "", worst);
     if (bad) std::printf(" (%zu bad, first [%zu] %g vs %g)", bad, first_bad, got[first_bad], want[first_bad]);
     std::printf("\n");
     return bad == 0;
@@ -315,8 +371,10 @@ int main(int argc, char** argv) {
     int failures = 0;
     for (const Spec& s : specs) {
         const int reps = quick ? 1 : 2;
-        for (int rep = 0; rep < reps; ++rep) {
-            Case c = make_case(rng, s.cache, s.q, s.kvh, s.group, s.d, s.bs, quick ? 150 : 300);
+        for (int rep = 0; rep < reps + 1; ++rep) {
+            const uint32_t max_ctx = quick ? 150 : 300;
+            Case c = rep < reps ? make_case(rng, s.cache, s.q, s.kvh, s.group, s.d, s.bs, max_ctx)
+                                : make_shared_case(rng, s.cache, s.q, s.kvh, s.group, s.d, s.bs, max_ctx);
             Device dev = upload(c);
             const std::vector<float> want = reference(c);
             failures += !check(c, Mode::Simt, run(c, dev, Mode::Simt), want);
