@@ -3,7 +3,10 @@
 # default model, 2 threads) under the serving benchmark's workload at steady offered loads, one
 # after another on the same server; /metrics is scraped before and after each load, and
 # benches/scripts/prediction_error.py turns the histograms' differences into the share of steps
-# whose predicted time is within 10% of the measured one, and percentiles of the ratio.
+# whose predicted time is within 10% of the measured one, and percentiles of the ratio. The
+# server also writes every step (shape, prediction, measured time) to steps.jsonl, which
+# benches/scripts/step_trace.py studies: the fitted model without the speed correction, the best
+# any fixed model of the step's shape does on the same steps, and how the error drifts.
 #
 # usage: benches/scripts/prediction-error-cpu.sh [RESULT_DIR]
 #   SATURATION (1.64 req/s), FACTORS (0.5,1,1.5), SPAN (150 s of arrivals per load), THREADS (2),
@@ -24,9 +27,10 @@ MODEL=${MODEL:-${PACE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/pace}/SmolLM2-135M-I
 [ -x "$PACE" ] || { echo "build pace first (cargo build --release)" >&2; exit 1; }
 [ -f "$MODEL" ] || "$PACE" generate --prompt hi --max-tokens 1 >/dev/null 2>&1 || true
 mkdir -p "$OUT"
+rm -f "$OUT/steps.jsonl"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PACE" serve --host 127.0.0.1 --port "$port" --threads "$THREADS" --scheduler "$SCHEDULER" \
-  --slo "ttft:5000 tpot:100" >"$OUT/serve.log" 2>&1 &
+  --slo "ttft:5000 tpot:100" --step-trace "$OUT/steps.jsonl" >"$OUT/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
@@ -56,3 +60,4 @@ for name, m in d.items():
           f"{'-' if w is None else f'{100 * w:.1f}%'} within 10%, p05 {m['p05']} p50 {m['p50']} p95 {m['p95']}")
 EOF
 done | tee "$OUT/summary.txt"
+python3 benches/scripts/step_trace.py "$OUT/steps.jsonl" | tee "$OUT/step-trace.txt"

@@ -28,6 +28,14 @@ const NF: usize = 5;
 pub const WINDOW: usize = 512;
 /// Refit after this many new observations.
 pub const REFIT_EVERY: usize = 16;
+/// Weight of the newest step in the model's running estimate of the machine's speed
+/// ([`StepCostModel::effective`]). Measured on the CPU server (docs/bench/prediction-error-cpu-smollm2):
+/// the log error of the fitted model has a lag-1 autocorrelation of 0.77 and steps of one shape
+/// vary by a CV of 11-13%, so most of the error is a speed that drifts over a few steps (the
+/// machine's other load, cache and frequency state) rather than shape; 0.3 follows it within
+/// about three steps. Under independent noise (the simulator's) it adds a sixth of that noise's
+/// variance to the predictions.
+pub const SPEED_ALPHA: f64 = 0.3;
 
 /// What a step costs depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -130,12 +138,15 @@ pub struct StepCostModel {
     /// The same ratios, sorted (kept in step with the ring, so a quantile is a lookup: the
     /// scheduler asks for one every step and at every admission).
     sorted_ratios: Vec<f64>,
+    /// Exponentially weighted mean ([`SPEED_ALPHA`]) of `ln(measured / fitted prediction)`:
+    /// how much slower than its fitted shape the machine runs now.
+    log_speed: f64,
 }
 
 impl StepCostModel {
     /// A model that predicts with `prior` until measurements arrive.
     pub fn new(prior: CostCoeffs) -> Self {
-        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0, sorted_ratios: Vec::new() }
+        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0, sorted_ratios: Vec::new(), log_speed: 0.0 }
     }
 
     /// A model seeded by a profile run: the prior is refit on `samples` at once.
@@ -146,17 +157,26 @@ impl StepCostModel {
         }
         m.refit();
         m.prior = m.current;
+        m.log_speed = 0.0;
         m
     }
 
-    /// The coefficients in use.
+    /// The fitted coefficients: what a step of each shape costs on average over the window.
     pub fn coeffs(&self) -> CostCoeffs {
         self.current
     }
 
-    /// Predicted seconds for `shape`.
+    /// What steps cost now: the fitted coefficients scaled by the machine's recent speed (the
+    /// running mean of measured over fitted step times). The scheduler plans with these.
+    pub fn effective(&self) -> CostCoeffs {
+        let f = self.log_speed.exp();
+        let c = self.current.to_array();
+        CostCoeffs::from_array(std::array::from_fn(|j| c[j] * f))
+    }
+
+    /// Predicted seconds for `shape`, at the machine's recent speed.
     pub fn predict(&self, shape: &StepShape) -> f64 {
-        self.current.predict(shape)
+        self.current.predict(shape) * self.log_speed.exp()
     }
 
     /// The `p` quantile of `measured / predicted` over the last [`WINDOW`] steps (each predicted
@@ -174,7 +194,11 @@ impl StepCostModel {
         if !measured_secs.is_finite() || measured_secs < 0.0 {
             return;
         }
-        let predicted = self.predict(shape);
+        let fitted = self.current.predict(shape);
+        let predicted = fitted * self.log_speed.exp();
+        if fitted > 0.0 && measured_secs > 0.0 {
+            self.log_speed = ((1.0 - SPEED_ALPHA) * self.log_speed + SPEED_ALPHA * (measured_secs / fitted).ln()).clamp(-1.0, 1.0);
+        }
         if predicted > 0.0 && measured_secs > 0.0 {
             let r = measured_secs / predicted;
             if self.ratios.len() < WINDOW {
@@ -338,6 +362,29 @@ mod tests {
         assert!((got.per_prefill_token_s - 0.0016).abs() < 0.0002, "{got:?}");
     }
 
+    /// A machine that turns 30% slower for a while (other load, a lower clock) is followed
+    /// within a few steps, without refitting the shape; when it recovers, so does the model.
+    #[test]
+    fn predictions_follow_a_drift_in_the_machines_speed() {
+        let mut m = StepCostModel::new(truth());
+        let mut s = StepShape::default();
+        s.add_slice(50, 1);
+        s.add_slice(0, 64);
+        let t = truth().predict(&s);
+        for _ in 0..8 {
+            m.observe(&s, t * 1.3);
+        }
+        let slow = m.predict(&s) / t;
+        assert!((slow - 1.3).abs() < 0.03, "{slow}");
+        assert!((m.effective().per_prefill_token_s / m.coeffs().per_prefill_token_s - slow).abs() < 1e-9);
+        // Seven more: fifteen in all, before the first refit.
+        for _ in 0..7 {
+            m.observe(&s, t);
+        }
+        let back = m.predict(&s) / t;
+        assert!((back - 1.0).abs() < 0.03, "{back}");
+    }
+
     #[test]
     fn unexcited_features_keep_their_prior() {
         let mut m = StepCostModel::new(truth());
@@ -361,8 +408,9 @@ mod tests {
         for i in 0..100u32 {
             let k = (i * 37) % 100;
             m.observe(&s, truth().predict(&s) * (1.0 + f64::from(k) / 100.0));
-            // Keep the coefficients at the truth, so every ratio is the one fed.
+            // Keep the coefficients at the truth and the speed at 1, so every ratio is the one fed.
             m.current = truth();
+            m.log_speed = 0.0;
         }
         let q = m.ratio_quantile(0.75);
         assert!((q - 1.74).abs() < 0.011, "{q}");

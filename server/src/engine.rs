@@ -49,12 +49,15 @@ pub struct EngineCore {
     /// Test hook (`--debug-stall-on-token`): a step that feeds this token first sleeps this
     /// long, as a stalled GPU or a page-faulting host would.
     stall_on_token: Option<(u32, f64)>,
+    /// One JSON line per executed step (its shape, predicted and measured seconds), for the
+    /// cost model's offline study (`--step-trace`).
+    step_trace: Option<std::io::LineWriter<std::fs::File>>,
 }
 
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
     pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
-        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None, stall_on_token: None }
+        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None, stall_on_token: None, step_trace: None }
     }
 
     /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).
@@ -73,6 +76,12 @@ impl EngineCore {
     /// the engine thread's supervision).
     pub fn panic_on_token(mut self, token: Option<u32>) -> Self {
         self.panic_on_token = token;
+        self
+    }
+
+    /// Appends one JSON line per executed step to `file`.
+    pub fn step_trace(mut self, file: Option<std::fs::File>) -> Self {
+        self.step_trace = file.map(std::io::LineWriter::new);
         self
     }
 
@@ -157,6 +166,24 @@ impl EngineCore {
                     let shape = StepShape::of(&plan);
                     report.exec_secs = exec;
                     report.predicted_secs = self.scheduler.cost_model().predict(&shape);
+                    if let Some(w) = self.step_trace.as_mut() {
+                        use std::io::Write as _;
+                        let line = format!(
+                            "{{\"t\":{:.6},\"seqs\":{},\"prefill_tokens\":{},\"decode_seqs\":{},\"kv_tokens\":{},\"attn_pairs\":{},\"predicted\":{:.6},\"fitted\":{:.6},\"measured\":{:.6}}}\n",
+                            now,
+                            plan.seqs.len(),
+                            shape.prefill_tokens,
+                            shape.decode_seqs,
+                            shape.kv_tokens,
+                            shape.attn_pairs,
+                            report.predicted_secs,
+                            self.scheduler.cost_model().coeffs().predict(&shape),
+                            exec
+                        );
+                        if w.write_all(line.as_bytes()).is_err() {
+                            self.step_trace = None;
+                        }
+                    }
                     self.scheduler.observe_step(&shape, exec);
                     self.consecutive_failures = 0;
                 }

@@ -570,6 +570,9 @@ pub struct Counters {
     pub finished: BTreeMap<String, f64>,
     /// `pace_requests_rejected_total` by reason.
     pub rejected: BTreeMap<String, f64>,
+    /// Prompt tokens looked up in the prefix cache (`queries`) and found there (`hits`).
+    #[serde(default)]
+    pub prefix_cache: BTreeMap<String, f64>,
 }
 
 fn counters(m: &Series) -> Counters {
@@ -582,6 +585,8 @@ fn counters(m: &Series) -> Counters {
             }
             "pace_requests_total" => entry(&mut c.finished, "finished_reason"),
             "pace_requests_rejected_total" => entry(&mut c.rejected, "reason"),
+            "pace_prefix_cache_queries_total" => *c.prefix_cache.entry("queries".into()).or_default() += v,
+            "pace_prefix_cache_hits_total" => *c.prefix_cache.entry("hits".into()).or_default() += v,
             _ => {}
         }
     }

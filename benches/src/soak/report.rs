@@ -120,7 +120,12 @@ pub(super) fn judge(
         count(&mut by_status, r.ended.status.map_or("none".to_string(), |s| s.to_string()));
     }
     let kind = |k: &str| by_kind.get(k).copied().unwrap_or(0);
-    let server_delta = Counters { http: delta(&after.http, &before.http), finished: delta(&after.finished, &before.finished), rejected: delta(&after.rejected, &before.rejected) };
+    let server_delta = Counters {
+        http: delta(&after.http, &before.http),
+        finished: delta(&after.finished, &before.finished),
+        rejected: delta(&after.rejected, &before.rejected),
+        prefix_cache: delta(&after.prefix_cache, &before.prefix_cache),
+    };
     let mut checks = Vec::new();
 
     let deliberate = kind("shed") + kind("dropped");
@@ -313,6 +318,9 @@ pub(super) fn markdown(r: &SoakReport, a: &SoakArgs) -> String {
     }
     for (k, v) in &r.server_delta.rejected {
         md.push_str(&format!("| pace_requests_rejected_total{{reason=\"{k}\"}} | {v} |\n"));
+    }
+    for (k, v) in &r.server_delta.prefix_cache {
+        md.push_str(&format!("| pace_prefix_cache_{k}_total (prompt tokens) | {v} |\n"));
     }
     let mut life = r.slow.lifetimes_s.clone();
     md.push_str(&format!(

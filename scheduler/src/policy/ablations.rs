@@ -62,7 +62,7 @@ impl Policy for Sarathi {
     }
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
-        let c = ctx.cost.coeffs();
+        let c = ctx.cost.effective();
         let mut time = c.base_s;
         let mut tokens_left = ctx.max_batch_tokens;
         let mut interval = f64::INFINITY;

@@ -358,7 +358,7 @@ impl Smooth {
 
     /// The running streams' feed.
     fn running_feed(ctx: &PolicyContext<'_>, kappa: f64) -> Feed {
-        let c = ctx.cost.coeffs();
+        let c = ctx.cost.effective();
         ctx.running.iter().fold(Feed::default(), |f, v| {
             f.with(v.class.reading_rate, Feed::running_share(&c, v, kappa), Feed::blocks(ctx, v, ctx.expected_remaining(v)))
         })
@@ -455,7 +455,7 @@ impl Policy for Smooth {
             return Ok(());
         }
         let closed_loop = self.population.arrival(req.arrival, ctx.last_end, ctx.ends);
-        let c = ctx.cost.coeffs();
+        let c = ctx.cost.effective();
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
         let (chunk, t_full) = Self::full_step(ctx, n_dec, kv_dec);
@@ -512,7 +512,7 @@ impl Policy for Smooth {
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
         let now = ctx.now;
-        let c = ctx.cost.coeffs();
+        let c = ctx.cost.effective();
         self.ready.clear();
         self.cands.clear();
         let mut kv_dec = 0;

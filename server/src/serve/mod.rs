@@ -142,6 +142,10 @@ pub struct ServeArgs {
     /// to make a stall the metrics must show while it happens.
     #[arg(long, hide = true, value_parser = parse_stall)]
     pub debug_stall_on_token: Option<(u32, f64)>,
+    /// Append one JSON line per engine step (its shape, the cost model's prediction and the
+    /// measured seconds) to this file, for studying the step-cost model offline.
+    #[arg(long, hide = true, env = "PACE_STEP_TRACE")]
+    pub step_trace: Option<std::path::PathBuf>,
 }
 
 /// `--log-level`.
@@ -389,7 +393,16 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
         cache_dtype: format!("{kv_dtype:?}").to_lowercase(),
         enable_prefix_caching: sc.enable_prefix_caching,
     });
-    let core = core.with_origin(origin).fail_on_token(args.debug_fail_on_token).panic_on_token(args.debug_panic_on_token).stall_on_token(args.debug_stall_on_token);
+    let trace = match &args.step_trace {
+        Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p).with_context(|| format!("opening --step-trace {}", p.display()))?),
+        None => None,
+    };
+    let core = core
+        .with_origin(origin)
+        .fail_on_token(args.debug_fail_on_token)
+        .panic_on_token(args.debug_panic_on_token)
+        .stall_on_token(args.debug_stall_on_token)
+        .step_trace(trace);
     let engine = engine_thread::spawn(core, origin, on_fatal)?;
     let ok = state
         .loaded

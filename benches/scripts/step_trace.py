@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""What a `pace serve --step-trace` file says about the step-cost model (scheduler/src/cost.rs).
+
+Each line is one engine step: its shape (prefill tokens, decode sequences, KV tokens attended,
+prefill attention pairs), `predicted` (what the scheduler planned with: the fitted model times
+the machine's recent speed), `fitted` (the fitted model alone) and `measured` seconds. Printed:
+predicted / measured for both; the best fixed model of the shape (least squares on relative
+error, fitted on the first half of the steps and scored on the second), a floor for any model
+that sees only the shape; the autocorrelation of the fitted model's log error (a drift in the
+machine's speed, which no shape explains); and the spread of decode-only steps of one shape.
+
+usage: step_trace.py steps.jsonl   (needs numpy)
+"""
+import json
+import sys
+
+import numpy as np
+
+
+def summary(name, ratio):
+    q = np.quantile(ratio, [0.05, 0.5, 0.95])
+    within = np.mean((ratio > 0.9) & (ratio <= 1.1))
+    print(f"{name}: {len(ratio)} steps, {100 * within:.1f}% within 10%, p05 {q[0]:.3f} p50 {q[1]:.3f} p95 {q[2]:.3f}")
+
+
+def main():
+    rows = [json.loads(line) for line in open(sys.argv[1])]
+    # The first steps run on the start-up profile alone; skip the first 5%.
+    rows = rows[len(rows) // 20:]
+    col = lambda k: np.array([r[k] for r in rows], float)
+    P, D, K, A = col("prefill_tokens"), col("decode_seqs"), col("kv_tokens"), col("attn_pairs")
+    pred, fitted, meas = col("predicted"), col("fitted"), col("measured")
+    print("predicted / measured, over every step of the run:")
+    summary("  planned with (fitted x recent speed)", pred / meas)
+    summary("  fitted model alone", fitted / meas)
+    X = np.c_[np.ones_like(P), P, D, K, A]
+    half = len(rows) // 2
+    w = 1 / meas
+    c, *_ = np.linalg.lstsq(X[:half] * w[:half, None], np.ones(half), rcond=None)
+    summary("  best fixed model of the shape (fit on the first half, scored on the second)", (X[half:] @ c) / meas[half:])
+    e = np.log(meas / fitted)
+    print(f"autocorrelation of ln(measured / fitted): lag 1 {np.corrcoef(e[:-1], e[1:])[0, 1]:.2f}, "
+          f"lag 5 {np.corrcoef(e[:-5], e[5:])[0, 1]:.2f}, lag 50 {np.corrcoef(e[:-50], e[50:])[0, 1]:.2f}")
+    print("decode-only steps of one decode count (context varies a little), measured seconds:")
+    for d in sorted(set(D[P == 0].astype(int))):
+        m = (P == 0) & (D == d)
+        if m.sum() >= 20:
+            x = meas[m]
+            print(f"  {d:3d} sequences: {m.sum():4d} steps, CV {x.std() / x.mean():.3f}, p05 {np.quantile(x, 0.05) * 1e3:.1f} ms, "
+                  f"p50 {np.median(x) * 1e3:.1f} ms, p95 {np.quantile(x, 0.95) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
