@@ -337,8 +337,13 @@ impl Feed {
 impl Smooth {
     /// The most of the machine's time the feed limit lets the running streams take (see
     /// [`SmoothConfig::feed_quantile`]); unlimited without the feed limit.
+    ///
+    /// Under a capped penalty there is no step-time limit (memory still binds, [`Self::kv_cap`]):
+    /// a reader's lateness then costs at most `alpha` tokens however long it lasts, less than
+    /// the throughput a fuller batch delivers, so keeping every reader at its pace is not worth
+    /// the streams it keeps waiting.
     fn feed_cap(&self, ctx: &PolicyContext<'_>) -> f64 {
-        if self.cfg.feed_limit {
+        if self.cfg.feed_limit && !matches!(ctx.slo.penalty, Penalty::Capped(_)) {
             1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0)
         } else {
             f64::INFINITY
@@ -735,6 +740,20 @@ mod tests {
         let mut d = Decisions::default();
         Smooth::new(SmoothConfig::default()).plan(&ctx, &mut d);
         d
+    }
+
+    /// Under a capped penalty the step-time limit is lifted (lateness past the cap is free, so
+    /// fuller batches pay) and memory still binds; every other penalty keeps both.
+    #[test]
+    fn a_capped_penalty_lifts_the_step_time_limit_but_not_memory() {
+        let (cost, lengths, patience) = (cost(), LengthModel::default(), PatienceModel::default());
+        for (penalty, step_limited) in [(Penalty::Linear, true), (Penalty::Quadratic, true), (Penalty::Capped(5.0), false)] {
+            let slo = SloParams { penalty, ..SloParams::default() };
+            let ctx = context(&[], &[], 0.0, (&cost, &lengths, &patience, &slo));
+            let s = Smooth::new(SmoothConfig::default());
+            assert_eq!(s.feed_cap(&ctx).is_finite(), step_limited, "{penalty:?}");
+            assert_eq!(s.kv_cap(&ctx), 999.0);
+        }
     }
 
     /// The prefill load a stream's replacement brings is priced at what is computed: a prompt
