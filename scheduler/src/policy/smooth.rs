@@ -116,6 +116,14 @@ pub struct SmoothConfig {
     /// utilisation may reach `1 / q`, where `q` is this quantile of measured over predicted
     /// step times (so a model that runs 5% slow shrinks the batch by 5%).
     pub feed_quantile: f64,
+    /// A newcomer heavier than some running stream predicts the places the running streams free
+    /// as an exponential race (the k-th of n streams to finish comes at the sum of the races'
+    /// expected durations, sooner than the k-th expected finish: the first of forty streams
+    /// ends well before the one expected to end first). Everyone else keeps the later,
+    /// sorted-expectation estimate, whose margin keeps the queue short; a heavy request waits
+    /// only behind requests as heavy, so the optimism cannot build a queue of light ones. The
+    /// key `race` (0 or 1) turns it off for the ablation (docs/sim).
+    pub race: bool,
 }
 
 impl Default for SmoothConfig {
@@ -128,6 +136,7 @@ impl Default for SmoothConfig {
             admission: true,
             feed_limit: true,
             feed_quantile: 0.9,
+            race: true,
         }
     }
 }
@@ -398,6 +407,19 @@ impl Smooth {
         }
         // Soonest finish last, so the next to finish pops off the end.
         self.finishes.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        if self.cfg.race && ctx.running.iter().any(|v| v.class.weight < req.class.weight) {
+            // The k-th stream to finish, of streams finishing at rates 1 / (T_i - now), comes at
+            // the sum of the races' expected durations, sooner than the k-th expected finish
+            // (`SmoothConfig::race`).
+            let mut lam: f64 = self.finishes.iter().map(|f| 1.0 / (f.0 - now).max(1e-3)).sum();
+            let mut clock = now;
+            for i in (0..self.finishes.len()).rev() {
+                let l = 1.0 / (self.finishes[i].0 - now).max(1e-3);
+                clock += 1.0 / lam.max(1e-12);
+                lam -= l;
+                self.finishes[i].0 = clock.min(self.finishes[i].0);
+            }
+        }
         let mut t = now;
         // Starts `v` (expected to produce `rem` more tokens, there with probability `p`) at the
         // first finish that makes room for it. Returns its start time.
@@ -740,6 +762,25 @@ mod tests {
         let mut d = Decisions::default();
         Smooth::new(SmoothConfig::default()).plan(&ctx, &mut d);
         d
+    }
+
+    /// A heavy newcomer behind a batch full of light streams is predicted to start when the
+    /// first of them is likely to end, not at the soonest expected end; a newcomer as light as
+    /// the batch keeps the sorted estimate, and so does everyone without the race.
+    #[test]
+    fn a_heavy_newcomer_predicts_its_start_by_the_race_of_lighter_streams() {
+        let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let running: Vec<SeqView> = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
+        let ctx = context(&running, &[], 10.0, (&cost, &lengths, &patience, &slo));
+        let c = cost.effective();
+        let start = |race: bool, weight: f64| {
+            let mut s = Smooth::new(SmoothConfig { race, ..SmoothConfig::default() });
+            s.predicted_start(&seq(1000, 10.0, 40, 0, weight), &ctx, &c)
+        };
+        let (sorted, raced) = (start(false, 4.0), start(true, 4.0));
+        assert!(sorted > 10.0, "the batch is full: {sorted}");
+        assert!(raced < sorted - 0.5 && raced > 10.0, "raced {raced}, sorted {sorted}");
+        assert_eq!(start(true, 1.0), start(false, 1.0));
     }
 
     /// Under a capped penalty the step-time limit is lifted (lateness past the cap is free, so
