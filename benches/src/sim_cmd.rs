@@ -129,6 +129,14 @@ pub struct SimArgs {
     pub no_enable_prefix_caching: bool,
 }
 
+impl SimArgs {
+    /// Whether the scheduler reuses cached prefixes (`--enable-prefix-caching`, unless
+    /// `--no-enable-prefix-caching`).
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching && !self.no_enable_prefix_caching
+    }
+}
+
 fn preset_parser() -> PossibleValuesParser {
     PossibleValuesParser::new(presets().into_iter().map(|p| PossibleValue::new(p.name).help(p.description)))
 }
@@ -374,7 +382,7 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         mean_prompt_len: m(&|r| r.eval.mean_prompt_len),
         system_prompt: args.system_prompt,
         turns: args.turns,
-        prefix_caching: args.enable_prefix_caching && !args.no_enable_prefix_caching,
+        prefix_caching: args.prefix_caching(),
         prefix_cache_hit_rate: m(&|r| r.eval.prefix_cache_hit_frac),
     }
 }
@@ -467,7 +475,7 @@ fn setup(args: &SimArgs) -> Result<Setup> {
         bail!("--think-time must be finite and >= 0");
     }
     workload.sharing = Sharing { system: args.system_prompt, turns: args.turns as usize, think_s: args.think_time, read_tps: args.slo.reading_rate };
-    cfg.sched.enable_prefix_caching = args.enable_prefix_caching && !args.no_enable_prefix_caching;
+    cfg.sched.enable_prefix_caching = args.prefix_caching();
     let priority_mix = match &args.priority_mix {
         Some(m) => m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?,
         None => PriorityMix::default(),
