@@ -1,6 +1,7 @@
 //! pace-models: the Llama-family model, its weights, tokenizer, chat template, sampler and runner.
 
 pub mod config;
+pub mod constraint;
 pub mod error;
 pub mod fetch;
 pub mod gguf;

@@ -67,7 +67,31 @@ impl ModelRunner {
         // Run the whole forward pass on a kernel-pool thread: the kernels' parallel loops then
         // start from inside the pool instead of handing each one over from this thread.
         let (model, cache) = (&self.model, &self.cache);
-        let logits = rayon::scope(|_| model.forward(&input, cache))?;
+        // Grammar masks of the constrained rows are computed on this thread meanwhile (they
+        // depend only on the tokens already committed); sampling then only applies them.
+        let mut constrained: Vec<&mut Sampler> = {
+            let sampled: std::collections::HashSet<RequestId> =
+                plan.seqs.iter().filter(|s| s.sample).map(|s| s.id).collect();
+            self.samplers
+                .iter_mut()
+                .filter(|(id, s)| s.is_constrained() && sampled.contains(id))
+                .map(|(_, s)| s)
+                .collect()
+        };
+        let logits = if constrained.is_empty() {
+            rayon::scope(|_| model.forward(&input, cache))?
+        } else {
+            let mut out = None;
+            rayon::in_place_scope(|scope| {
+                scope.spawn(|_| out = Some(model.forward(&input, cache)));
+                for s in constrained.iter_mut() {
+                    if let Some(c) = s.constraint_mut() {
+                        c.compute_mask();
+                    }
+                }
+            });
+            out.expect("the scope ran the forward pass")?
+        };
         if let Some(sampled) = self.sample_greedy_on_device(plan, &logits)? {
             return Ok(StepOutput { sampled });
         }

@@ -34,6 +34,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 
 /// Most top log-probabilities a request may ask for (OpenAI's limit).
@@ -202,6 +203,8 @@ pub struct Sampler {
     keys: Vec<u64>,
     /// Scratch: unnormalised probabilities.
     weights: Vec<f32>,
+    /// The request's grammar (structured outputs): it masks the logits before anything else.
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -225,7 +228,24 @@ impl Sampler {
             output_counts: HashMap::new(),
             keys: Vec::new(),
             weights: Vec::new(),
+            constraint: None,
         })
+    }
+
+    /// Constrains every token this sampler draws to `constraint`'s grammar.
+    pub fn with_constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The grammar, if the request has one (the runner computes its next mask ahead).
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
+    }
+
+    /// True if the output is constrained by a grammar.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     /// The parameters.
@@ -242,7 +262,7 @@ impl Sampler {
     /// [`SamplingParams::is_plain_greedy`]); the caller may then take the argmax itself and
     /// [`record`](Self::record) it.
     pub fn is_plain_greedy(&self) -> bool {
-        self.params.is_plain_greedy()
+        self.params.is_plain_greedy() && self.constraint.is_none()
     }
 
     /// Counts `token` as output for the penalties without sampling it. [`sample`](Self::sample)
@@ -251,13 +271,19 @@ impl Sampler {
         *self.output_counts.entry(token).or_insert(0) += 1;
     }
 
-    /// Samples the next token from one row of logits (modified in place: penalties and
-    /// temperature are applied to it) and records it. The returned `id` is 0: the caller sets
-    /// it. Empty logits are [`Error::Invalid`]. A NaN logit never wins; when sampling, NaN
-    /// counts as -inf and +inf as the largest finite value.
+    /// Samples the next token from one row of logits (modified in place: the grammar's mask,
+    /// penalties and temperature are applied to it) and records it. The returned `id` is 0: the
+    /// caller sets it. Empty logits are [`Error::Invalid`]. A NaN logit never wins; when
+    /// sampling, NaN counts as -inf and +inf as the largest finite value.
+    ///
+    /// With a grammar, disallowed ids are set to -inf first, so truncation, the draw and the
+    /// log-probabilities are over the allowed ids only (vLLM does the same).
     pub fn sample(&mut self, logits: &mut [f32]) -> Result<SampledToken> {
         if logits.is_empty() {
             return Err(Error::Invalid("sampling from empty logits".into()));
+        }
+        if let Some(c) = &mut self.constraint {
+            c.apply(logits);
         }
         self.apply_penalties(logits);
         let greedy = self.params.is_greedy();
@@ -275,11 +301,19 @@ impl Sampler {
                 *l = x * inv_t;
             }
         }
-        let token = if greedy {
+        let mut token = if greedy {
             argmax(logits)
         } else {
             self.draw(logits)
         };
+        if let Some(c) = &mut self.constraint {
+            // Every allowed logit is -inf or NaN (a broken model row): take the lowest allowed id
+            // rather than one the grammar forbids.
+            if !c.allows(token) {
+                token = (0..logits.len() as u32).find(|&t| c.allows(t)).unwrap_or(token);
+            }
+            c.commit(token);
+        }
         let (logprob, top_logprobs) = match self.params.logprobs {
             None => (None, Vec::new()),
             Some(n) => {
@@ -553,14 +587,14 @@ fn log_sum_exp(logits: &[f32], scratch: &mut Vec<f32>) -> f32 {
 }
 
 /// The `n` best (id, logit) pairs, best first (ties: lower id), in one pass keeping a small
-/// sorted list.
+/// sorted list. NaN and -inf (masked) logits are never listed, so there may be fewer than `n`.
 fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     if n == 0 {
         return best;
     }
     for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() || (best.len() == n && l <= best[n - 1].1) {
+        if l.is_nan() || l == f32::NEG_INFINITY || (best.len() == n && l <= best[n - 1].1) {
             continue;
         }
         let pos = best.partition_point(|&(_, bl)| bl >= l);

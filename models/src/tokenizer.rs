@@ -487,6 +487,25 @@ impl Tokenizer {
         (i < self.pieces.len()).then(|| &self.bytes[self.offsets[i]..self.offsets[i + 1]])
     }
 
+    /// One byte string per id for a grammar engine's token trie (see `constraint`): the exact
+    /// bytes a normal or byte token adds to the output; control and unknown tokens as byte
+    /// 0xFF followed by their text (llguidance's marker for special tokens, which text never
+    /// matches); user-defined added tokens as their text (the tokenizer matches them in text
+    /// too); unused ids empty (never allowed).
+    pub fn grammar_words(&self) -> Vec<Vec<u8>> {
+        (0..self.pieces.len())
+            .map(|i| match self.kinds[i] {
+                TokenKind::Control | TokenKind::Unknown => {
+                    let mut w = vec![0xFF];
+                    w.extend_from_slice(self.pieces[i].as_bytes());
+                    w
+                }
+                TokenKind::Unused => Vec::new(),
+                _ => self.bytes[self.offsets[i]..self.offsets[i + 1]].to_vec(),
+            })
+            .collect()
+    }
+
     /// The id of a vocabulary entry by its raw text, e.g. `token_id("<|im_end|>")` (a linear
     /// scan: for set-up, not per token).
     pub fn token_id(&self, piece: &str) -> Option<u32> {

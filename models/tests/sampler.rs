@@ -503,3 +503,186 @@ fn invalid_parameters_name_the_parameter() {
     assert!(s.sample(&mut []).is_err());
 }
 
+
+mod constrained {
+    //! Sampling under a grammar (structured outputs) over a byte-level vocabulary: whatever the
+    //! logits, the output matches the grammar and ends with EOS once the grammar is complete.
+
+    use super::*;
+    use pace_models::constraint::{Constraint, GrammarSpec, Grammars, JsonWhitespace};
+    use pace_models::tokenizer::Tokenizer;
+    use serde_json::{json, Value};
+    use std::sync::OnceLock;
+
+    const V: usize = 300;
+    const EOS: u32 = 256;
+
+    fn grammars() -> &'static Grammars {
+        static G: OnceLock<Grammars> = OnceLock::new();
+        G.get_or_init(|| {
+            let t = Tokenizer::byte_level(V).unwrap();
+            Grammars::new(&t, V).unwrap_or_else(|e| panic!("{e}"))
+        })
+    }
+
+    fn compile(spec: GrammarSpec) -> Constraint {
+        grammars().compile(&spec, JsonWhitespace::Compact).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Samples with random logits until EOS (or `limit` tokens); returns the text and whether
+    /// it ended with EOS.
+    fn generate(spec: &GrammarSpec, params: SamplingParams, seed: u64, limit: usize) -> (String, bool) {
+        let mut s = sampler(params, &[]).with_constraint(compile(spec.clone()));
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut out = Vec::new();
+        for _ in 0..limit {
+            // Logits that favour EOS and a few bytes, so unconstrained output would be junk.
+            let mut l = random_logits(&mut rng, V);
+            l[EOS as usize] += 8.0;
+            let t = sample(&mut s, &l);
+            if t == EOS {
+                return (String::from_utf8(out).expect("utf-8"), true);
+            }
+            assert!(t < 256, "token {t} is not a byte");
+            out.push(t as u8);
+        }
+        (String::from_utf8_lossy(&out).into_owned(), false)
+    }
+
+    fn params(t: f32, seed: u64) -> SamplingParams {
+        SamplingParams { temperature: t, seed: Some(seed), ..SamplingParams::default() }
+    }
+
+    #[test]
+    fn regex_and_choice_outputs_match_in_full() {
+        for seed in 0..20 {
+            for t in [0.0, 1.0] {
+                let (text, ended) = generate(&GrammarSpec::Regex("a+b[0-9]{2}".into()), params(t, seed), seed, 40);
+                assert!(ended, "seed {seed} t {t}: {text:?} never ended");
+                let b = text.as_bytes();
+                let n = b.iter().take_while(|&&c| c == b'a').count();
+                assert!(n >= 1 && b.len() == n + 3 && b[n] == b'b' && b[n + 1..].iter().all(u8::is_ascii_digit), "{text:?}");
+
+                let choices = vec!["red".to_string(), "green".into(), "blue (dark)".into()];
+                let (text, ended) = generate(&GrammarSpec::Choice(choices.clone()), params(t, seed), seed, 40);
+                assert!(ended && choices.contains(&text), "{text:?}");
+            }
+        }
+    }
+
+    fn check_person(v: &Value) {
+        let o = v.as_object().unwrap_or_else(|| panic!("not an object: {v}"));
+        let age = o["age"].as_i64().unwrap_or_else(|| panic!("age: {v}"));
+        assert!((0..=120).contains(&age), "{v}");
+        assert!(["cat", "dog"].contains(&o["pet"].as_str().unwrap()), "{v}");
+        let tags = o["tags"].as_array().unwrap();
+        assert!((1..=3).contains(&tags.len()), "{v}");
+        assert!(tags.iter().all(|t| t.as_str().is_some_and(|s| s.chars().count() <= 5)), "{v}");
+        let home = o["home"].as_object().unwrap();
+        assert!(home["city"].as_str().unwrap().chars().count() <= 8, "{v}");
+        assert!(home["zip"].is_boolean(), "{v}");
+        assert!(o.len() == 4 || (o.len() == 5 && o["nick"].is_string()), "{v}");
+    }
+
+    #[test]
+    fn json_schema_outputs_parse_and_validate() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "pet": {"enum": ["cat", "dog"]},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "minItems": 1, "maxItems": 3},
+                "home": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "zip": {"type": "boolean"}},
+                         "required": ["city", "zip"], "additionalProperties": false},
+                "nick": {"type": "string", "maxLength": 4}
+            },
+            "required": ["age", "pet", "tags", "home"],
+            "additionalProperties": false
+        });
+        let spec = GrammarSpec::JsonSchema(schema);
+        for seed in 0..12 {
+            for t in [0.0, 1.0] {
+                let (text, ended) = generate(&spec, params(t, seed), seed, 400);
+                assert!(ended, "seed {seed} t {t}: {text:?} never ended");
+                let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+                check_person(&v);
+                // Compact layout: ", " and ": " only.
+                assert!(!text.contains('\n') && !text.contains("  "), "{text:?}");
+            }
+        }
+        // json_object: any object.
+        for seed in 0..5 {
+            let (text, ended) = generate(&GrammarSpec::JsonObject, params(1.0, seed), seed, 2000);
+            if ended {
+                // Valid JSON; serde_json refuses only numbers beyond f64 (JSON itself allows them).
+                match serde_json::from_str::<Value>(&text) {
+                    Ok(v) => assert!(v.is_object(), "{text:?}"),
+                    Err(e) => assert!(e.to_string().contains("number out of range"), "{e}: {text:?}"),
+                }
+            } else {
+                assert!(text.starts_with('{'), "{text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn eos_is_allowed_only_when_the_grammar_accepts() {
+        let mut c = compile(GrammarSpec::Regex("ab?".into()));
+        assert!(c.allows(b'a' as u32) && !c.allows(b'b' as u32) && !c.allows(EOS));
+        c.commit(b'a' as u32);
+        assert!(c.allows(b'b' as u32) && c.allows(EOS) && !c.allows(b'a' as u32));
+        assert!(!c.is_finished());
+        c.commit(b'b' as u32);
+        // Nothing can follow "ab": only EOS.
+        assert!(c.allows(EOS) && (0..256).all(|t| !c.allows(t)));
+        // A clone is independent.
+        let mut a = compile(GrammarSpec::Regex("(xy)|(xz)".into()));
+        a.commit(b'x' as u32);
+        let mut b = a.clone();
+        a.commit(b'y' as u32);
+        assert!(b.allows(b'z' as u32) && b.allows(b'y' as u32));
+        assert!(!a.allows(b'z' as u32));
+    }
+
+    #[test]
+    fn masked_logprobs_and_penalties_stay_inside_the_grammar() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(5),
+            repetition_penalty: 1.5,
+            frequency_penalty: -2.0,
+            presence_penalty: -2.0,
+            ..SamplingParams::default()
+        };
+        let mut s = sampler(p, &[b'z' as u32]).with_constraint(compile(GrammarSpec::Regex("[xy]z".into())));
+        let mut l = vec![0.0f32; V];
+        l[b'z' as usize] = 50.0;
+        l[b'y' as usize] = 1.0;
+        let tok = s.sample(&mut l).unwrap();
+        assert_eq!(tok.token, b'y' as u32);
+        // Two allowed ids: x and y; their probabilities sum to 1.
+        assert_eq!(tok.top_logprobs.len(), 2, "{:?}", tok.top_logprobs);
+        let total: f32 = tok.top_logprobs.iter().map(|(_, lp)| lp.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5 && tok.logprob.unwrap().is_finite());
+        // The negative penalties favour 'y' (seen) and 'z' (prompt), but only z is allowed.
+        let mut l = vec![0.0f32; V];
+        l[b'y' as usize] = 9.0;
+        assert_eq!(s.sample(&mut l).unwrap().token, b'z' as u32);
+    }
+
+    #[test]
+    fn bad_grammars_are_errors_with_a_message() {
+        let g = grammars();
+        for spec in [
+            GrammarSpec::Regex("(a".into()),
+            GrammarSpec::Lark("start: foo".into()),
+            GrammarSpec::JsonSchema(json!({"type": "nonsense"})),
+            GrammarSpec::JsonSchema(json!(["not", "an", "object"])),
+            GrammarSpec::Choice(vec![]),
+        ] {
+            let e = g.compile(&spec, JsonWhitespace::Compact).err().unwrap_or_else(|| panic!("{spec:?} compiled"));
+            assert!(!e.is_empty());
+        }
+        assert!(g.compile(&GrammarSpec::Lark("start: \"hi\" NUM\nNUM: /[0-9]+/".into()), JsonWhitespace::Compact).is_ok());
+    }
+}

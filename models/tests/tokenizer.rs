@@ -552,3 +552,38 @@ fn byte_level_tokenizer_round_trips() {
     assert_eq!(t.eos_token_ids(), &[256]);
     assert!(pace_models::tokenizer::Tokenizer::byte_level(100).is_err());
 }
+
+/// The grammar engine's view of the vocabulary: each id's exact output bytes, special tokens
+/// marked so that text never matches them, unused ids empty.
+#[test]
+fn grammar_words_are_the_output_bytes() {
+    let t = pace_models::tokenizer::Tokenizer::byte_level(300).unwrap();
+    let words = t.grammar_words();
+    assert_eq!(words.len(), 300);
+    for id in 0..256u32 {
+        assert_eq!(words[id as usize], t.token_bytes(id).unwrap(), "id {id}");
+    }
+    assert_eq!(words[256], b"\xFF<|endoftext|>");
+    assert!(words[257..].iter().all(Vec::is_empty));
+
+    let t = smollm2();
+    let words = t.grammar_words();
+    assert_eq!(words.len(), t.vocab_size());
+    let im_end = t.token_id("<|im_end|>").unwrap();
+    assert_eq!(words[im_end as usize], b"\xFF<|im_end|>");
+    let mut normal = 0;
+    for (id, w) in words.iter().enumerate() {
+        let id = id as u32;
+        if t.is_special(id) {
+            assert_eq!(w[0], 0xFF, "special {id} unmarked");
+        } else {
+            assert_eq!(&w[..], t.token_bytes(id).unwrap(), "id {id}");
+            normal += 1;
+        }
+    }
+    assert!(normal > 49_000, "{normal} normal tokens");
+    // " the" is one token whose word is its bytes, space included.
+    let ids = t.encode(" the", false).unwrap();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(words[ids[0] as usize], b" the");
+}

@@ -1,0 +1,329 @@
+//! Constrained decoding (structured outputs): a grammar decides, before each sampled token,
+//! which token ids may come next, and the sampler masks the rest.
+//!
+//! The grammar engine is [llguidance](https://github.com/guidance-ai/llguidance) (as in vLLM,
+//! SGLang and llama.cpp). [`Grammars`] is built once per model: a token trie over the exact
+//! bytes each id contributes to the output ([`Tokenizer::grammar_words`]) and llguidance's
+//! parser factory. [`Grammars::compile`] turns a request's [`GrammarSpec`] (a JSON schema,
+//! `json_object`, a regex, a choice of strings or a Lark grammar) into a [`Constraint`]; a
+//! grammar llguidance rejects is an error with its message, for the request's 400.
+//!
+//! A [`Constraint`] follows one output: [`Constraint::compute_mask`] gives the allowed ids for
+//! the next token (end-of-generation ids only once the grammar accepts; only them once nothing
+//! can follow), [`Constraint::commit`] advances it by the sampled token. Work per mask is bounded
+//! by llguidance's parser limits (lexer fuel, Earley items, lexer states), set in
+//! [`Grammars::new`]; a grammar that exceeds them, or any internal error, stops the constraint
+//! and its masks allow only end-of-generation, so the request ends instead of running free.
+//! A grammar that never finishes is bounded by `max_tokens` like any other request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+
+/// What a request constrains its output to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// A JSON value valid against this JSON schema (draft 2020-12 keywords llguidance supports;
+    /// `$ref` only within the document).
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// Text matching this regular expression in full.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar (llguidance's dialect; JSON schemas embed as `%json {...}`).
+    Lark(String),
+}
+
+impl GrammarSpec {
+    /// A short name for logs and metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonSchema(_) => "json_schema",
+            Self::JsonObject => "json_object",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Lark(_) => "grammar",
+        }
+    }
+}
+
+/// How JSON is laid out when the schema does not say (its own top-level `x-guidance` key wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonWhitespace {
+    /// `", "` between items and `": "` after keys, no other whitespace (pace's default: small
+    /// models given free whitespace can emit newlines until `max_tokens`).
+    #[default]
+    Compact,
+    /// Any JSON whitespace between tokens (vLLM's default).
+    Flexible,
+}
+
+/// Process-wide counters of mask work, for metrics.
+#[derive(Debug, Default)]
+pub struct MaskStats {
+    /// Masks computed.
+    pub masks: AtomicU64,
+    /// Nanoseconds spent computing them.
+    pub nanos: AtomicU64,
+    /// Constraints that stopped on an error (limits exceeded, internal error).
+    pub errors: AtomicU64,
+}
+
+/// Every model's grammar machinery: the token trie and llguidance's parser factory. Build once
+/// at load ([`Grammars::new`]) and share.
+pub struct Grammars {
+    factory: ParserFactory,
+    vocab: usize,
+    eos: Arc<SimpleVob>,
+    stats: Arc<MaskStats>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").field("vocab", &self.vocab).finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// Builds the token trie of `tokenizer` padded to `model_vocab` ids (the logits' length;
+    /// ids past the tokenizer are never allowed) and the parser factory. Takes tens of
+    /// milliseconds for a 50k vocabulary.
+    pub fn new(tokenizer: &Tokenizer, model_vocab: usize) -> Result<Self> {
+        let mut words = tokenizer.grammar_words();
+        if words.len() < model_vocab {
+            words.resize(model_vocab, Vec::new());
+        }
+        let vocab = words.len();
+        let eog = tokenizer.eos_token_ids().to_vec();
+        let eos = tokenizer.eos_token_id().or(eog.first().copied()).ok_or_else(|| {
+            Error::Unsupported("structured outputs need an end-of-generation token".into())
+        })?;
+        let info = TokRxInfo {
+            tok_bos: tokenizer.bos_token_id(),
+            ..TokRxInfo::new(vocab as u32, eos)
+        };
+        let mut ends = vec![eos];
+        ends.extend(eog.iter().copied().filter(|&t| t != eos && (t as usize) < vocab));
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&ends);
+        let eos_set = Arc::new(trie.eos_token_set());
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| Error::Invalid(format!("building the grammar engine: {e}")))?;
+        factory.quiet();
+        // Bounds on one request's work. Per mask: llguidance's defaults (about 15 ms of lexer
+        // and parser work at most). Lexer states hold about 1-2 kB each: 50k of them (not the
+        // default 250k) keep one hostile grammar under ~100 MB.
+        *factory.limits_mut() = ParserLimits {
+            max_lexer_states: 50_000,
+            ..ParserLimits::default()
+        };
+        Ok(Self {
+            factory,
+            vocab,
+            eos: eos_set,
+            stats: Arc::new(MaskStats::default()),
+        })
+    }
+
+    /// Ids in a mask (the model's vocabulary).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Counters of the masks computed by every constraint compiled here.
+    pub fn stats(&self) -> &Arc<MaskStats> {
+        &self.stats
+    }
+
+    /// Compiles a request's grammar. An invalid schema, regex or grammar is an error carrying
+    /// llguidance's message (for a 400).
+    pub fn compile(&self, spec: &GrammarSpec, ws: JsonWhitespace) -> std::result::Result<Constraint, String> {
+        let grammar = match spec {
+            GrammarSpec::JsonSchema(schema) => {
+                if !schema.is_object() {
+                    return Err("the JSON schema must be an object".into());
+                }
+                TopLevelGrammar::from_json_schema(with_layout(schema.clone(), ws))
+            }
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_layout(serde_json::json!({"type": "object"}), ws))
+            }
+            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            GrammarSpec::Choice(options) => {
+                if options.is_empty() {
+                    return Err("the choice list is empty".into());
+                }
+                let alternatives: Vec<String> = options.iter().map(|o| regex_syntax::escape(o)).collect();
+                TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
+            }
+            GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let parser = self.factory.create_parser(grammar).map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        Ok(Constraint {
+            matcher,
+            mask: None,
+            stats: self.stats.clone(),
+            eos: self.eos.clone(),
+            error_counted: false,
+        })
+    }
+}
+
+/// Adds the layout options unless the schema sets its own.
+fn with_layout(mut schema: Value, ws: JsonWhitespace) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        if !obj.contains_key("x-guidance") {
+            let opts = match ws {
+                JsonWhitespace::Compact => serde_json::json!({
+                    "whitespace_flexible": false,
+                    "item_separator": ", ",
+                    "key_separator": ": ",
+                }),
+                JsonWhitespace::Flexible => serde_json::json!({"whitespace_flexible": true}),
+            };
+            obj.insert("x-guidance".into(), opts);
+        }
+    }
+    schema
+}
+
+/// One output's grammar state. Cloning deep-copies it (each of `n` choices gets its own).
+pub struct Constraint {
+    matcher: Matcher,
+    /// The mask for the next token, computed ahead ([`Constraint::compute_mask`]).
+    mask: Option<SimpleVob>,
+    stats: Arc<MaskStats>,
+    /// The end-of-generation ids as a mask (what an errored constraint allows).
+    eos: Arc<SimpleVob>,
+    error_counted: bool,
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            mask: self.mask.clone(),
+            stats: self.stats.clone(),
+            eos: self.eos.clone(),
+            error_counted: self.error_counted,
+        }
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("error", &self.matcher.get_error())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// Computes the mask for the next token if it is not computed yet (the runner calls this
+    /// while the forward pass runs). On a grammar error the mask allows only end-of-generation.
+    pub fn compute_mask(&mut self) {
+        if self.mask.is_some() {
+            return;
+        }
+        let t = Instant::now();
+        let mask = match self.matcher.compute_mask_or_eos() {
+            Ok(m) => m,
+            Err(e) => {
+                self.note_error(&e.to_string());
+                self.eos_only()
+            }
+        };
+        self.stats.masks.fetch_add(1, Ordering::Relaxed);
+        self.stats.nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.mask = Some(mask);
+    }
+
+    fn eos_only(&self) -> SimpleVob {
+        (*self.eos).clone()
+    }
+
+    fn note_error(&mut self, message: &str) {
+        if !self.error_counted {
+            self.error_counted = true;
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %message, "structured output grammar stopped on an error; ending the output");
+        }
+    }
+
+    /// Sets every disallowed logit to -inf (ids past the mask too), computing the mask first if
+    /// needed.
+    pub fn apply(&mut self, logits: &mut [f32]) {
+        self.compute_mask();
+        let mask = self.mask.as_ref().expect("computed above");
+        let words = mask.as_slice();
+        let n = mask.len().min(logits.len());
+        for (w, chunk) in logits[..n].chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX && chunk.len() == 32 {
+                continue;
+            }
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            for (j, l) in chunk.iter_mut().enumerate() {
+                if bits & (1 << j) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        logits[n..].fill(f32::NEG_INFINITY);
+    }
+
+    /// True if the (computed) mask allows `token`.
+    pub fn allows(&mut self, token: u32) -> bool {
+        self.compute_mask();
+        self.mask.as_ref().is_some_and(|m| (token as usize) < m.len() && m.is_allowed(token))
+    }
+
+    /// Advances the grammar by the sampled token and forgets the mask.
+    pub fn commit(&mut self, token: u32) {
+        self.mask = None;
+        if self.matcher.is_stopped() {
+            return;
+        }
+        if let Err(e) = self.matcher.consume_token(token) {
+            self.note_error(&e.to_string());
+        }
+    }
+
+    /// True once nothing but end-of-generation can follow (the grammar is complete, or it
+    /// stopped on an error).
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// True if the constraint stopped on an error.
+    pub fn is_error(&self) -> bool {
+        self.matcher.is_error()
+    }
+}
+
+/// Checked at compile time: constraints move between threads with their sampler.
+#[allow(dead_code)]
+fn assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Constraint>();
+    fn is_sync<T: Send + Sync>() {}
+    is_sync::<Grammars>();
+}
