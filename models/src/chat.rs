@@ -59,6 +59,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The source refers to a `tools` variable (it renders tool definitions itself).
+    uses_tools: bool,
 }
 
 /// Instructions one render of a chat template may run.
@@ -89,7 +91,15 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.unwrap_or_default().to_owned(),
             eos_token: eos_token.unwrap_or_default().to_owned(),
+            uses_tools: source.contains("tools"),
         })
+    }
+
+    /// True if the template renders the `tools` variable (the HF convention for tool
+    /// definitions); false for templates that ignore it (the caller then offers the tools in
+    /// a system message).
+    pub fn uses_tools(&self) -> bool {
+        self.uses_tools
     }
 
     /// ChatML with the given special-token strings.

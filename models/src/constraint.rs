@@ -58,7 +58,7 @@ impl GrammarSpec {
 }
 
 /// How JSON is laid out when the schema does not say (its own top-level `x-guidance` key wins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum JsonWhitespace {
     /// `", "` between items and `": "` after keys, no other whitespace (pace's default: small
     /// models given free whitespace can emit newlines until `max_tokens`).
@@ -66,6 +66,8 @@ pub enum JsonWhitespace {
     Compact,
     /// Any JSON whitespace between tokens (vLLM's default).
     Flexible,
+    /// Whitespace matching this regex between tokens (vLLM's `whitespace_pattern`).
+    Pattern(String),
 }
 
 /// Process-wide counters of mask work, for metrics.
@@ -147,7 +149,7 @@ impl Grammars {
 
     /// Compiles a request's grammar. An invalid schema, regex or grammar is an error carrying
     /// llguidance's message (for a 400).
-    pub fn compile(&self, spec: &GrammarSpec, ws: JsonWhitespace) -> std::result::Result<Constraint, String> {
+    pub fn compile(&self, spec: &GrammarSpec, ws: &JsonWhitespace) -> std::result::Result<Constraint, String> {
         let grammar = match spec {
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() {
@@ -184,7 +186,7 @@ impl Grammars {
 }
 
 /// Adds the layout options unless the schema sets its own.
-fn with_layout(mut schema: Value, ws: JsonWhitespace) -> Value {
+fn with_layout(mut schema: Value, ws: &JsonWhitespace) -> Value {
     if let Some(obj) = schema.as_object_mut() {
         if !obj.contains_key("x-guidance") {
             let opts = match ws {
@@ -194,6 +196,7 @@ fn with_layout(mut schema: Value, ws: JsonWhitespace) -> Value {
                     "key_separator": ": ",
                 }),
                 JsonWhitespace::Flexible => serde_json::json!({"whitespace_flexible": true}),
+                JsonWhitespace::Pattern(p) => serde_json::json!({"whitespace_pattern": p}),
             };
             obj.insert("x-guidance".into(), opts);
         }

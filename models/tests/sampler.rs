@@ -526,7 +526,7 @@ mod constrained {
     }
 
     fn compile(spec: GrammarSpec) -> Constraint {
-        grammars().compile(&spec, JsonWhitespace::Compact).unwrap_or_else(|e| panic!("{e}"))
+        grammars().compile(&spec, &JsonWhitespace::Compact).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Samples with random logits until EOS (or `limit` tokens); returns the text and whether
@@ -680,9 +680,9 @@ mod constrained {
             GrammarSpec::JsonSchema(json!(["not", "an", "object"])),
             GrammarSpec::Choice(vec![]),
         ] {
-            let e = g.compile(&spec, JsonWhitespace::Compact).err().unwrap_or_else(|| panic!("{spec:?} compiled"));
+            let e = g.compile(&spec, &JsonWhitespace::Compact).err().unwrap_or_else(|| panic!("{spec:?} compiled"));
             assert!(!e.is_empty());
         }
-        assert!(g.compile(&GrammarSpec::Lark("start: \"hi\" NUM\nNUM: /[0-9]+/".into()), JsonWhitespace::Compact).is_ok());
+        assert!(g.compile(&GrammarSpec::Lark("start: \"hi\" NUM\nNUM: /[0-9]+/".into()), &JsonWhitespace::Compact).is_ok());
     }
 }

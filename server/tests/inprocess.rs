@@ -129,7 +129,7 @@ async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_s
         (CHAT, json!({"messages": []}), 400, Some("messages"), None),
         (CHAT, json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, Some("messages[0].role"), None),
         (CHAT, json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, Some("messages[0].content[0]"), None),
-        (CHAT, json!({"messages": user("hi"), "tools": [{"type": "function"}]}), 400, Some("tools"), None),
+        (CHAT, json!({"messages": user("hi"), "tools": [{"type": "function"}]}), 400, Some("tools[0].function"), None),
         (CHAT, json!({"messages": user("hi"), "top_logprobs": 2}), 400, Some("top_logprobs"), None),
         (COMPLETIONS, json!({"prompt": "hi", "echo": true, "logprobs": 1}), 400, Some("echo"), None),
         (COMPLETIONS, json!({"prompt": "hi", "priority": 11}), 400, Some("priority"), None),

@@ -38,6 +38,7 @@ const STEP: &str = "pace_step_duration_seconds";
 const STEP_TOKENS: &str = "pace_iteration_tokens_total";
 const STEP_ERROR: &str = "pace_step_time_prediction_error_ratio";
 const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
+const GRAMMAR_COMPILE: &str = "pace_structured_output_compile_seconds";
 
 /// Finish reasons as exported (`finished_reason` label values).
 pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
@@ -185,6 +186,7 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
         .set_buckets_for_metric(Matcher::Full(STEP.into()), &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12])?
         .set_buckets_for_metric(Matcher::Full(STEP_ERROR.into()), &ratio)?
         .set_buckets_for_metric(Matcher::Full(LENGTH_ERROR.into()), &ratio)?
+        .set_buckets_for_metric(Matcher::Full(GRAMMAR_COMPILE.into()), &[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])?
         .install_recorder()?;
     describe();
     // Counters exist from the start, so rates and alerts have series before the first event.
@@ -203,6 +205,9 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
     counter!("pace_http_connections_refused_total").absolute(0);
     counter!("pace_prompt_tokens_total").absolute(0);
     counter!("pace_generation_tokens_total").absolute(0);
+    counter!("pace_structured_output_masks_total").absolute(0);
+    counter!("pace_structured_output_mask_microseconds_total").absolute(0);
+    counter!("pace_structured_output_errors_total").absolute(0);
     Ok(handle)
 }
 
@@ -256,6 +261,31 @@ fn describe() {
     describe_counter!("pace_prefix_cache_hits_total", "Prompt tokens found in the prefix cache when their request started (not computed again).");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
     describe_counter!("pace_generation_tokens_total", "Output tokens delivered, counted at delivery.");
+    describe_histogram!(GRAMMAR_COMPILE, Unit::Seconds, "Compiling a request's structured-output grammar (JSON schema, regex, choice, Lark), by kind.");
+    describe_counter!("pace_structured_output_requests_total", "Requests with a structured-output grammar, by kind.");
+    describe_counter!("pace_structured_output_masks_total", "Token masks computed for constrained outputs (one per constrained token).");
+    describe_counter!(
+        "pace_structured_output_mask_microseconds_total",
+        "CPU time spent computing token masks, in microseconds (a counter is an integer; overlapped with the forward pass); divided by masks_total: the cost per constrained token."
+    );
+    describe_counter!(
+        "pace_structured_output_errors_total",
+        "Constrained outputs whose grammar stopped on an error (limits exceeded); each ended at once with EOS."
+    );
+}
+
+/// A request's grammar compiled in `secs`.
+pub fn record_grammar_compile(kind: &'static str, secs: f64) {
+    histogram!(GRAMMAR_COMPILE, "kind" => kind).record(secs);
+    counter!("pace_structured_output_requests_total", "kind" => kind).increment(1);
+}
+
+/// The mask counters of every constrained output so far.
+pub fn publish_structured(s: &pace_models::constraint::MaskStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    counter!("pace_structured_output_masks_total").absolute(s.masks.load(Relaxed));
+    counter!("pace_structured_output_mask_microseconds_total").absolute(s.nanos.load(Relaxed) / 1_000);
+    counter!("pace_structured_output_errors_total").absolute(s.errors.load(Relaxed));
 }
 
 /// The standard process series (`process_resident_memory_bytes`, `process_cpu_seconds_total`,

@@ -378,6 +378,17 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
             .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
     }
     let tokenizer = Arc::new(loaded.tokenizer);
+    let t = Instant::now();
+    let grammars = match pace_models::constraint::Grammars::new(&tokenizer, loaded.model.config().vocab_size) {
+        Ok(g) => {
+            tracing::info!(secs = t.elapsed().as_secs_f64(), "structured outputs ready");
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs are not available for this model");
+            None
+        }
+    };
     let origin = Instant::now();
     let queue = (args.max_queue_requests, args.max_queue_tokens);
     let kv_dtype = args.engine.kv_dtype(&loaded.model);
@@ -406,7 +417,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
     let engine = engine_thread::spawn(core, origin, on_fatal)?;
     let ok = state
         .loaded
-        .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone() })
+        .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone(), grammars })
         .is_ok();
     if !ok {
         bail!("model loaded twice");

@@ -79,6 +79,9 @@ pub struct Loaded {
     pub max_model_len: usize,
     /// Scheduler policy name.
     pub scheduler: String,
+    /// The grammar engine for structured outputs (None if the model has no end-of-generation
+    /// token to end a constrained output with).
+    pub grammars: Option<Arc<pace_models::constraint::Grammars>>,
 }
 
 /// Everything the handlers share.

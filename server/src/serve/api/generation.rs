@@ -105,7 +105,10 @@ impl Generation {
                 let name = if prompts.len() * p.n > 1 { format!("{request_id}#{index}") } else { request_id.to_string() };
                 let mut sampling = p.sampling.clone();
                 sampling.seed = p.sampling.seed.map(|s| s.wrapping_add(index as u64));
-                let sampler = Sampler::new(sampling, &prompt.tokens).map_err(|e| ApiError::param(e.param, e.message))?;
+                let mut sampler = Sampler::new(sampling, &prompt.tokens).map_err(|e| ApiError::param(e.param, e.message))?;
+                if let Some(c) = &p.constraint {
+                    sampler = sampler.with_constraint(c.clone());
+                }
                 let id = engine.next_id();
                 let req = NewRequest {
                     id,

@@ -194,6 +194,9 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Some(l) = state.loaded.get() {
         state.window.update_gauges(l.engine.now());
+        if let Some(g) = &l.grammars {
+            metrics::publish_structured(g.stats());
+        }
     }
     metrics::collect_process();
     state.metrics.run_upkeep();

@@ -6,6 +6,7 @@ pub mod extract;
 pub mod generation;
 pub mod handlers;
 pub mod respond;
+pub mod structured;
 pub mod types;
 pub mod validate;
 

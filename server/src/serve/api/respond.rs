@@ -13,8 +13,10 @@ use serde::Serialize;
 
 use super::error::ApiError;
 use super::generation::{Frame, Generation};
+use super::structured::{self, ToolMode};
 use super::types::{
-    ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionBody, CompletionChoice, CompletionLogprobs, Delta, MessageOut, TokenLogprob, TopLogprob, Usage,
+    ChatChoice, ChatChunkChoice, ChatLogprobs, CompletionBody, CompletionChoice, CompletionLogprobs, Delta, FunctionCallDelta, MessageOut, TokenLogprob,
+    ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
 use super::validate::Endpoint;
 use crate::serve::engine_thread::EngineHandle;
@@ -79,6 +81,102 @@ fn finish_reason(f: Option<FinishReason>) -> Option<&'static str> {
     f.map(|r| if ApiError::from_finish(r).is_some() { "error" } else { metrics::finish_label(r) })
 }
 
+/// The `finish_reason` of a reply made of tool calls: `tool_calls` when it ended by itself.
+fn tool_finish_reason(f: Option<FinishReason>) -> Option<&'static str> {
+    match f {
+        Some(FinishReason::Stop) => Some("tool_calls"),
+        other => finish_reason(other),
+    }
+}
+
+/// The whole calls as stream fragments (one per call, each complete).
+fn call_deltas(calls: Vec<ToolCall>) -> Vec<ToolCallDelta> {
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| ToolCallDelta {
+            index,
+            id: Some(c.id),
+            kind: Some("function"),
+            function: FunctionCallDelta { name: Some(c.function.name), arguments: c.function.arguments },
+        })
+        .collect()
+}
+
+/// How one chat choice's text reaches the stream when tools are in play.
+enum ChatStream {
+    /// Plain text, as it comes.
+    Text,
+    /// The arguments of a named function, streamed as argument fragments (`id` once sent).
+    Named { name: String, id: Option<String> },
+    /// Held back until it is known whether the reply is calls (`required`: always to the end;
+    /// `auto`: while the text could still become a call).
+    Held { text: String, tokens: Vec<SampledToken> },
+}
+
+impl ChatStream {
+    fn new(mode: &ToolMode) -> Self {
+        match mode {
+            ToolMode::None => Self::Text,
+            ToolMode::Named(name) => Self::Named { name: name.clone(), id: None },
+            ToolMode::Required | ToolMode::Auto { .. } => Self::Held { text: String::new(), tokens: Vec::new() },
+        }
+    }
+
+    /// The chunk choice for one frame, or None while text is held back.
+    fn chunk(&mut self, mode: &ToolMode, tok: &Tokenizer, logprobs: bool, index: usize, role: Option<&'static str>, frame: &Frame) -> Option<ChatChunkChoice> {
+        let lp = |tokens: &[SampledToken]| logprobs.then(|| chat_logprobs(tok, tokens));
+        let text_choice = |text: String, tokens: &[SampledToken], finish: Option<&'static str>| ChatChunkChoice {
+            index,
+            delta: Delta { role, content: Some(text), tool_calls: Vec::new() },
+            logprobs: lp(tokens),
+            finish_reason: finish,
+        };
+        match self {
+            Self::Text => Some(text_choice(frame.text.clone(), &frame.tokens, finish_reason(frame.finish))),
+            Self::Named { name, id } => {
+                let first = id.is_none();
+                let call_id = id.get_or_insert_with(structured::call_id).clone();
+                let call = ToolCallDelta {
+                    index: 0,
+                    id: first.then_some(call_id),
+                    kind: first.then_some("function"),
+                    function: FunctionCallDelta { name: first.then(|| name.clone()), arguments: frame.text.clone() },
+                };
+                Some(ChatChunkChoice {
+                    index,
+                    delta: Delta { role, content: None, tool_calls: vec![call] },
+                    logprobs: lp(&frame.tokens),
+                    finish_reason: tool_finish_reason(frame.finish),
+                })
+            }
+            Self::Held { text, tokens } => {
+                text.push_str(&frame.text);
+                tokens.extend(frame.tokens.iter().cloned());
+                if frame.finish.is_some() {
+                    let (text, tokens) = (std::mem::take(text), std::mem::take(tokens));
+                    return Some(match structured::parse_calls(mode, &text) {
+                        Some(calls) => ChatChunkChoice {
+                            index,
+                            delta: Delta { role, content: None, tool_calls: call_deltas(calls) },
+                            logprobs: lp(&tokens),
+                            finish_reason: tool_finish_reason(frame.finish),
+                        },
+                        None => text_choice(text, &tokens, finish_reason(frame.finish)),
+                    });
+                }
+                if matches!(mode, ToolMode::Auto { .. }) && !structured::may_be_call(text) {
+                    // Not a call: what was held goes out as text, and the rest streams as it comes.
+                    let (text, tokens) = (std::mem::take(text), std::mem::take(tokens));
+                    *self = Self::Text;
+                    return Some(text_choice(text, &tokens, None));
+                }
+                None
+            }
+        }
+    }
+}
+
 fn sse<T: Serialize>(body: &T) -> Result<Event, Infallible> {
     Ok(Event::default().data(serde_json::to_string(body).unwrap_or_default()))
 }
@@ -100,6 +198,12 @@ pub fn stream(
     let body = async_stream::stream! {
         let _guard = guard;
         let mut role_sent = vec![false; gen.num_choices()];
+        // Frames whose text is held back (tool calls): delivered when their text goes out.
+        let mut held: Vec<Vec<Frame>> = (0..gen.num_choices()).map(|_| Vec::new()).collect();
+        let mut chat_streams: Vec<ChatStream> = match &endpoint {
+            Endpoint::Chat { tools, .. } => (0..gen.num_choices()).map(|_| ChatStream::new(tools)).collect(),
+            Endpoint::Completion { .. } => Vec::new(),
+        };
         let mut text_offset = vec![0usize; gen.num_choices()];
         if let Endpoint::Completion { echo: Some(texts), n, .. } = &endpoint {
             for (pi, text) in texts.iter().enumerate() {
@@ -115,6 +219,9 @@ pub fn stream(
             let Frame { index, text, tokens, finish } = &frame;
             if let Some(e) = finish.and_then(ApiError::from_finish) {
                 let now = engine.now();
+                for f in std::mem::take(&mut held[*index]) {
+                    gen.delivered(&f, now);
+                }
                 gen.delivered(&frame, now);
                 let mut body = e.body();
                 body["error"]["index"] = serde_json::json!(index);
@@ -128,14 +235,24 @@ pub fn stream(
                     let choice = CompletionChoice { index: *index, text: text.clone(), logprobs: lp, finish_reason: finish_reason(*finish) };
                     sse(&meta.body("text_completion", vec![choice], None))
                 }
-                Endpoint::Chat { logprobs } => {
-                    let role = (!std::mem::replace(&mut role_sent[*index], true)).then_some("assistant");
-                    let lp = logprobs.then(|| chat_logprobs(&tok, tokens));
-                    let choice = ChatChunkChoice { index: *index, delta: Delta { role, content: text.clone() }, logprobs: lp, finish_reason: finish_reason(*finish) };
-                    sse(&meta.body("chat.completion.chunk", vec![choice], None))
+                Endpoint::Chat { logprobs, tools } => {
+                    let role = (!role_sent[*index]).then_some("assistant");
+                    match chat_streams[*index].chunk(tools, &tok, *logprobs, *index, role, &frame) {
+                        Some(choice) => {
+                            role_sent[*index] = true;
+                            sse(&meta.body("chat.completion.chunk", vec![choice], None))
+                        }
+                        None => {
+                            held[*index].push(Frame { index: *index, text: String::new(), tokens: tokens.clone(), finish: None });
+                            continue;
+                        }
+                    }
                 }
             };
             let now = engine.now();
+            for f in std::mem::take(&mut held[*index]) {
+                gen.delivered(&f, now);
+            }
             gen.delivered(&frame, now);
             yield data;
         }
@@ -191,13 +308,16 @@ pub async fn collect(mut gen: Generation, engine: EngineHandle, tok: Arc<Tokeniz
                 .collect();
             serde_json::to_value(meta.body("text_completion", choices, usage))
         }
-        Endpoint::Chat { logprobs } => {
+        Endpoint::Chat { logprobs, tools } => {
             let choices = (0..n)
-                .map(|i| ChatChoice {
-                    index: i,
-                    message: MessageOut { role: "assistant", content: std::mem::take(&mut texts[i]) },
-                    logprobs: logprobs.then(|| chat_logprobs(&tok, &tokens[i])),
-                    finish_reason: finish_reason(finishes[i]),
+                .map(|i| {
+                    let text = std::mem::take(&mut texts[i]);
+                    let (message, finish) = match structured::parse_calls(tools, &text) {
+                        // A named call cut by max_tokens is still that call (its arguments incomplete).
+                        Some(calls) => (MessageOut { role: "assistant", content: None, tool_calls: calls }, tool_finish_reason(finishes[i])),
+                        None => (MessageOut { role: "assistant", content: Some(text), tool_calls: Vec::new() }, finish_reason(finishes[i])),
+                    };
+                    ChatChoice { index: i, message, logprobs: logprobs.then(|| chat_logprobs(&tok, &tokens[i])), finish_reason: finish }
                 })
                 .collect();
             serde_json::to_value(meta.body("chat.completion", choices, usage))

@@ -94,6 +94,14 @@ pub struct CommonParams {
     pub ttft_grace: Option<f64>,
     pub priority: Option<i64>,
     pub cache_salt: Option<String>,
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub guided_decoding_backend: Option<String>,
+    pub guided_whitespace_pattern: Option<String>,
 }
 
 /// Defines a request body struct with its own fields plus every [`CommonParams`] field, and a
@@ -128,14 +136,22 @@ macro_rules! with_common_params {
             pub ttft_grace: Option<f64>,
             pub priority: Option<i64>,
             pub cache_salt: Option<String>,
+            pub response_format: Option<ResponseFormat>,
+            pub structured_outputs: Option<StructuredOutputs>,
+            pub guided_json: Option<serde_json::Value>,
+            pub guided_regex: Option<String>,
+            pub guided_choice: Option<Vec<String>>,
+            pub guided_grammar: Option<String>,
+            pub guided_decoding_backend: Option<String>,
+            pub guided_whitespace_pattern: Option<String>,
         }
 
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonParams {
                 // Field by field: the prompt or messages (up to the body limit) are not copied.
-                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, cache_salt, .. } = self;
-                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone(), cache_salt: cache_salt.clone() }
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, cache_salt, response_format, structured_outputs, guided_json, guided_regex, guided_choice, guided_grammar, guided_decoding_backend, guided_whitespace_pattern, .. } = self;
+                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone(), cache_salt: cache_salt.clone(), response_format: response_format.clone(), structured_outputs: structured_outputs.clone(), guided_json: guided_json.clone(), guided_regex: guided_regex.clone(), guided_choice: guided_choice.clone(), guided_grammar: guided_grammar.clone(), guided_decoding_backend: guided_decoding_backend.clone(), guided_whitespace_pattern: guided_whitespace_pattern.clone() }
             }
         }
     };
@@ -183,13 +199,77 @@ pub struct MessageIn {
     /// Accepted; templates here do not use participant names.
     #[allow(dead_code)]
     pub name: Option<String>,
+    /// An assistant message's earlier tool calls (OpenAI's shape).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` message's call id (accepted; the result is matched by order).
+    #[allow(dead_code)]
+    pub tool_call_id: Option<String>,
 }
 
-/// `response_format`.
+/// `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"name", "description", "schema", "strict"}}`.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `name`, `description` and `strict` are accepted; every schema is enforced.
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar`,
+/// `json_object`, plus layout options.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    pub json: Option<serde_json::Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
+    /// No whitespace beyond the separators (pace's default is compact layout; `false` allows
+    /// any JSON whitespace, vLLM's default).
+    pub disable_any_whitespace: Option<bool>,
+    /// Accepted for vLLM compatibility; the schema's own `additionalProperties` decides.
+    #[allow(dead_code)]
+    pub disable_additional_properties: Option<bool>,
+    /// Accepted for vLLM compatibility: pace has one backend and never falls back.
+    #[allow(dead_code)]
+    pub disable_fallback: Option<bool>,
+    /// A regex for the whitespace JSON may use between tokens.
+    pub whitespace_pattern: Option<String>,
+}
+
+/// One entry of chat `tools`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+/// A tool's function.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 with_common_params! {
@@ -201,11 +281,9 @@ with_common_params! {
         pub max_completion_tokens: Option<i64>,
         pub logprobs: Option<bool>,
         pub top_logprobs: Option<i64>,
-        pub response_format: Option<ResponseFormat>,
-        pub tools: Option<Vec<serde_json::Value>>,
+        pub tools: Option<Vec<Tool>>,
         pub tool_choice: Option<serde_json::Value>,
-        /// Accepted and ignored (no tools are called).
-        #[allow(dead_code)]
+        /// `false`: at most one call (with `tool_choice` `required`).
         pub parallel_tool_calls: Option<bool>,
         /// Render the template with a generation prompt (default true).
         pub add_generation_prompt: Option<bool>,
@@ -325,11 +403,48 @@ pub struct ChatLogprobs {
     pub content: Vec<TokenLogprob>,
 }
 
-/// The assistant's message in a whole chat response.
+/// The assistant's message in a whole chat response: text, or (`content` null) tool calls.
 #[derive(Debug, Clone, Serialize)]
 pub struct MessageOut {
     pub role: &'static str,
-    pub content: String,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call: its name and its arguments as JSON text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A fragment of a tool call in a stream chunk: the first carries `id`, `type` and the name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 /// One choice of a whole chat response.
@@ -341,12 +456,16 @@ pub struct ChatChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-/// The new text of a chat stream chunk; `role` on a choice's first chunk only.
+/// The new text of a chat stream chunk; `role` on a choice's first chunk only; tool-call
+/// fragments instead of text when the reply is a tool call.
 #[derive(Debug, Clone, Serialize)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// One choice of a chat stream chunk.

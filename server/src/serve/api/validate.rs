@@ -4,10 +4,12 @@
 //! expensive work or any response byte. Handlers then only run what this returns.
 
 use pace_models::chat::ChatMessage;
+use pace_models::constraint::Constraint;
 use pace_models::sampler::SamplingParams;
 use pace_scheduler::slo::SloClass;
 
 use super::error::{context_length_exceeded, ApiError};
+use super::structured::{self, GrammarRequest, ToolMode};
 use super::types::{ChatRequest, CommonParams, CompletionRequest, Content, MessageIn, PromptInput};
 use crate::serve::state::{Loaded, ServeConfig};
 
@@ -44,6 +46,9 @@ pub struct GenParams {
     pub class: SloClass,
     /// Prefix-cache salt (`cache_salt`, hashed): shares cached prefixes only within a salt.
     pub cache_salt: Option<u64>,
+    /// The compiled grammar every choice's output follows (structured outputs, forced tool
+    /// calls); each choice samples under its own copy.
+    pub constraint: Option<Constraint>,
 }
 
 /// One prompt, tokenized.
@@ -60,8 +65,8 @@ pub struct Prompt {
 pub enum Endpoint {
     /// `/v1/completions`; `echo` holds each prompt's text when echo was asked for.
     Completion { echo: Option<Vec<String>>, n: usize, logprobs: bool },
-    /// `/v1/chat/completions`.
-    Chat { logprobs: bool },
+    /// `/v1/chat/completions`; `tools` says whether the reply is (or may be) tool calls.
+    Chat { logprobs: bool, tools: ToolMode },
 }
 
 /// A completion request, validated: what to generate from, how, and the response's shape.
@@ -97,7 +102,8 @@ impl ValidRequest {
         }
         let prompts = completion_prompts(&req.prompt, l, req.add_special_tokens.unwrap_or(true), cfg.max_prompts)?;
         check_lengths(&prompts, &params, l.max_model_len, "prompt")?;
-        let params = bound_output(params, prompts.len(), cfg, "max_tokens")?;
+        let mut params = bound_output(params, prompts.len(), cfg, "max_tokens")?;
+        params.constraint = compile_grammar(structured::grammar_of(&common)?, &params, l)?;
         let endpoint = Endpoint::Completion { echo: echo.then(|| prompts.iter().map(|p| p.text.clone()).collect()), n: params.n, logprobs: logprobs.is_some() };
         Ok(Self { prompts, params, endpoint })
     }
@@ -105,19 +111,13 @@ impl ValidRequest {
     /// Validates a `/v1/chat/completions` body.
     pub fn chat(req: &ChatRequest, cfg: &ServeConfig, l: &Loaded) -> Result<Self, ApiError> {
         let common = req.common();
-        if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::param("tools", "tools are not supported"));
-        }
-        match &req.tool_choice {
-            None => {}
-            Some(v) if v == "none" => {}
-            Some(_) => return Err(ApiError::param("tool_choice", "tool_choice is not supported")),
-        }
-        if let Some(f) = &req.response_format {
-            if f.kind != "text" {
-                return Err(ApiError::param("response_format", format!("response_format '{}' is not supported", f.kind)));
+        let (tool_mode, tool_grammar) = structured::tool_plan(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+        let grammar = match (structured::grammar_of(&common)?, tool_grammar) {
+            (Some(g), Some(_)) => {
+                return Err(ApiError::param(g.param, format!("{} cannot be combined with a tool_choice that forces a tool call", g.param)))
             }
-        }
+            (g, t) => g.or(t),
+        };
         let want_logprobs = req.logprobs.unwrap_or(false);
         let top = match req.top_logprobs {
             None => 0,
@@ -132,7 +132,8 @@ impl ValidRequest {
             None => (common.max_tokens, "max_tokens"),
         };
         let params = gen_params(&common, cfg, l.tokenizer.vocab_size(), (max_tokens, name), want_logprobs.then_some(top))?;
-        let params = bound_output(params, 1, cfg, name)?;
+        let mut params = bound_output(params, 1, cfg, name)?;
+        params.constraint = compile_grammar(grammar, &params, l)?;
         if req.spaces_between_special_tokens == Some(true) && common.skip_special_tokens == Some(false) {
             return Err(ApiError::param(
                 "spaces_between_special_tokens",
@@ -144,10 +145,29 @@ impl ValidRequest {
             continue_final_message: req.continue_final_message.unwrap_or(false),
             template_kwargs: req.chat_template_kwargs.as_ref(),
         };
-        let prompts = vec![chat_prompt_with(l, &req.messages, opts)?];
+        let tools = req.tools.as_deref().unwrap_or_default();
+        let prompts = vec![chat_prompt_with(l, &req.messages, opts, tools)?];
         check_lengths(&prompts, &params, l.max_model_len, "messages")?;
-        Ok(Self { prompts, params, endpoint: Endpoint::Chat { logprobs: want_logprobs } })
+        Ok(Self { prompts, params, endpoint: Endpoint::Chat { logprobs: want_logprobs, tools: tool_mode } })
     }
+}
+
+/// Compiles the request's grammar (a 400 naming its parameter when llguidance rejects it).
+/// A constrained output must be able to end where its grammar does: `ignore_eos` and
+/// `min_tokens` are refused with one.
+fn compile_grammar(g: Option<GrammarRequest>, p: &GenParams, l: &Loaded) -> Result<Option<Constraint>, ApiError> {
+    let Some(g) = g else { return Ok(None) };
+    if p.ignore_eos {
+        return Err(ApiError::param("ignore_eos", format!("ignore_eos cannot be combined with {}: the output ends where its grammar does", g.param)));
+    }
+    if p.min_tokens > 0 {
+        return Err(ApiError::param("min_tokens", format!("min_tokens cannot be combined with {}: the output ends where its grammar does", g.param)));
+    }
+    let grammars = l.grammars.as_ref().ok_or_else(|| ApiError::param(g.param, "structured outputs are not available for this model (no end-of-generation token)"))?;
+    let t = std::time::Instant::now();
+    let c = grammars.compile(&g.spec, &g.layout).map_err(|e| ApiError::param(g.param, format!("Grammar error: {e}")))?;
+    crate::serve::metrics::record_grammar_compile(g.spec.kind(), t.elapsed().as_secs_f64());
+    Ok(Some(c))
 }
 
 /// Token ids from a request, each inside the vocabulary (400 naming `param` otherwise).
@@ -223,10 +243,12 @@ fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
             let role = match m.role.as_str() {
                 "system" | "user" | "assistant" => m.role.clone(),
                 "developer" => "system".to_string(),
+                // A tool's result goes back to the model as a user turn in the Hermes form.
+                "tool" => "user".to_string(),
                 other => {
                     return Err(ApiError::param(
                         &format!("messages[{i}].role"),
-                        format!("unsupported role '{other}' (use system, developer, user or assistant)"),
+                        format!("unsupported role '{other}' (use system, developer, user, assistant or tool)"),
                     ))
                 }
             };
@@ -244,6 +266,28 @@ fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                     s
                 }
             };
+            let content = if m.role == "tool" {
+                format!("<tool_response>\n{content}\n</tool_response>")
+            } else {
+                content
+            };
+            // Earlier tool calls of the assistant, written as it would have written them.
+            let mut content = content;
+            for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+                let f = call.get("function").filter(|f| f.get("name").and_then(serde_json::Value::as_str).is_some()).ok_or_else(|| {
+                    ApiError::param(&format!("messages[{i}].tool_calls[{j}]"), "a tool call needs function.name")
+                })?;
+                let args = match f.get("arguments") {
+                    Some(serde_json::Value::String(a)) => serde_json::from_str(a).unwrap_or(serde_json::Value::String(a.clone())),
+                    Some(v) => v.clone(),
+                    None => serde_json::json!({}),
+                };
+                let call = serde_json::json!({"name": f["name"], "arguments": args});
+                if !content.is_empty() {
+                    content.push('\n');
+                }
+                content.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
+            }
             Ok(ChatMessage::new(role, content))
         })
         .collect()
@@ -263,19 +307,36 @@ pub struct ChatOptions<'a> {
 /// The conversation rendered with the model's chat template and tokenized (also what
 /// `/tokenize` counts for `messages`).
 pub fn chat_prompt(l: &Loaded, messages: &[MessageIn], add_generation_prompt: bool) -> Result<Prompt, ApiError> {
-    chat_prompt_with(l, messages, ChatOptions { add_generation_prompt: Some(add_generation_prompt), ..ChatOptions::default() })
+    chat_prompt_with(l, messages, ChatOptions { add_generation_prompt: Some(add_generation_prompt), ..ChatOptions::default() }, &[])
 }
 
 /// [`chat_prompt`] with vLLM's options. `continue_final_message`: the final message must be the
 /// assistant's; the rendering is cut right after its text, so the reply continues it.
-pub fn chat_prompt_with(l: &Loaded, messages: &[MessageIn], opts: ChatOptions) -> Result<Prompt, ApiError> {
-    let msgs = chat_messages(messages)?;
+///
+/// `tools` go to the template as its `tools` variable; a template that does not use one gets
+/// them as a system message (merged into the first system message if there is one).
+pub fn chat_prompt_with(l: &Loaded, messages: &[MessageIn], opts: ChatOptions, tools: &[super::types::Tool]) -> Result<Prompt, ApiError> {
+    let mut msgs = chat_messages(messages)?;
+    let mut tool_kwargs = None;
+    if !tools.is_empty() {
+        if l.template.uses_tools() {
+            let mut kw = opts.template_kwargs.cloned().unwrap_or_default();
+            kw.insert("tools".into(), structured::template_tools(tools));
+            tool_kwargs = Some(kw);
+        } else {
+            let text = structured::tools_system_text(tools);
+            match msgs.first_mut() {
+                Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
+                _ => msgs.insert(0, ChatMessage::new("system", text)),
+            }
+        }
+    }
     if opts.continue_final_message && opts.add_generation_prompt == Some(true) {
         return Err(ApiError::param("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true"));
     }
     let add = opts.add_generation_prompt.unwrap_or(!opts.continue_final_message);
     let empty = serde_json::Map::new();
-    let kwargs = opts.template_kwargs.unwrap_or(&empty);
+    let kwargs = tool_kwargs.as_ref().or(opts.template_kwargs).unwrap_or(&empty);
     let mut text = l.template.render_with(&msgs, add, kwargs).map_err(|e| ApiError::param("messages", e.to_string()))?;
     if opts.continue_final_message {
         let last = msgs.last().filter(|m| m.role == "assistant" && !m.content.is_empty()).ok_or_else(|| {
@@ -412,6 +473,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         include_usage: stream && c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         class: SloClass { reading_rate, grace, weight },
         cache_salt,
+        constraint: None,
     })
 }
 

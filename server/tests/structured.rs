@@ -1,0 +1,367 @@
+//! Structured outputs and tool calls in-process (`tower::oneshot`, no socket) on
+//! `dummy:smollm2-135m` (random weights, a byte-level tokenizer). Random weights write arbitrary
+//! tokens, so every valid output here is the grammar's doing: these checks fail if a mask is
+//! wrong, missing or applied to the wrong request. The real model through a real socket and the
+//! OpenAI client are in `api.rs`.
+
+#[path = "common/schema.rs"]
+mod schema;
+
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::http::{header, Method, Request};
+use clap::Parser;
+use pace_server::serve::state::AppState;
+use pace_server::serve::{api, in_process, ServeArgs};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+fn state() -> Arc<AppState> {
+    static S: OnceLock<Arc<AppState>> = OnceLock::new();
+    S.get_or_init(|| {
+        let args = Args::parse_from([
+            "serve", "--model", "dummy:smollm2-135m:q4", "--served-model-name", "m", "--threads", "2", "--scheduler", "fcfs", "--max-n", "4",
+            "--max-model-len", "2048", "--kv-cache-memory", "192MiB",
+        ]);
+        in_process(&args.serve).expect("in-process server")
+    })
+    .clone()
+}
+
+/// POST through the router: (status, content type, body text).
+async fn call(path: &str, body: &Value) -> (u16, String, String) {
+    let req = Request::builder().method(Method::POST).uri(path).header(header::CONTENT_TYPE, "application/json");
+    let resp = api::app(state()).oneshot(req.body(Body::from(serde_json::to_vec(body).unwrap())).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    (status, ct, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post(path: &str, body: &Value) -> (u16, Value) {
+    let (st, _, b) = call(path, body).await;
+    (st, serde_json::from_str(&b).unwrap_or(Value::Null))
+}
+
+/// A streamed request's chunks (the JSON objects before `[DONE]`).
+async fn stream(path: &str, body: &Value) -> Vec<Value> {
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    let (st, ct, text) = call(path, &b).await;
+    assert_eq!(st, 200, "{text}");
+    assert!(ct.starts_with("text/event-stream"), "{ct}: {text}");
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).map(|f| f.strip_prefix("data: ").unwrap()).collect();
+    assert_eq!(frames.last(), Some(&"[DONE]"));
+    frames[..frames.len() - 1].iter().map(|f| serde_json::from_str(f).unwrap()).collect()
+}
+
+const CHAT: &str = "/v1/chat/completions";
+const COMPLETIONS: &str = "/v1/completions";
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// Nested objects, enums, arrays, required and optional fields; bounded so random weights finish.
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "role": {"enum": ["admin", "user", "guest"]},
+            "scores": {"type": "array", "items": {"type": "number", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 3},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 10}, "verified": {"type": "boolean"}},
+                "required": ["city", "verified"],
+                "additionalProperties": false
+            },
+            "nickname": {"type": "string", "maxLength": 6}
+        },
+        "required": ["name", "age", "role", "scores", "address"],
+        "additionalProperties": false
+    })
+}
+
+fn assert_valid(text: &str, schema: &Value, what: &str) -> Value {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text:?}"));
+    schema::check(&v, schema).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_outputs_validate_at_any_temperature() {
+    let schema = person_schema();
+    for t in [0.0, 1.0] {
+        let body = json!({
+            "messages": user("Describe a person."), "temperature": t, "n": 2, "seed": 7, "max_tokens": 300,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}}
+        });
+        let (st, v) = post(CHAT, &body).await;
+        assert_eq!(st, 200, "{v}");
+        for c in v["choices"].as_array().unwrap() {
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+            assert_valid(c["message"]["content"].as_str().unwrap(), &schema, &format!("t={t}"));
+        }
+    }
+    // An array at the top, $defs and $ref, an anyOf.
+    let schema = json!({
+        "type": "array", "minItems": 2, "maxItems": 4,
+        "items": {"anyOf": [{"$ref": "#/$defs/point"}, {"type": "boolean"}]},
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"const": "up"}},
+                            "required": ["x", "y"], "additionalProperties": false}}
+    });
+    for seed in 0..3 {
+        let body = json!({"prompt": "points:", "temperature": 1.0, "seed": seed, "max_tokens": 200, "structured_outputs": {"json": schema}});
+        let (st, v) = post(COMPLETIONS, &body).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_valid(v["choices"][0]["text"].as_str().unwrap(), &schema, "array schema");
+    }
+    // guided_json as JSON text (vLLM's older field) on completions.
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "max_tokens": 300, "guided_json": person_schema().to_string()})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_valid(v["choices"][0]["text"].as_str().unwrap(), &person_schema(), "guided_json");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regex_choice_grammar_and_json_object() {
+    for (field, value) in [("regex", json!("[A-Z][a-z]{2,5}-[0-9]{3}")), ("choice", json!(["yes", "no", "maybe later"])), ("grammar", json!("start: \"(\" NUM (\",\" NUM)* \")\"\nNUM: /[0-9]{1,3}/"))] {
+        for seed in 0..3 {
+            let mut body = json!({"messages": user("answer"), "temperature": 1.0, "seed": seed, "max_tokens": 60, "structured_outputs": {}});
+            body["structured_outputs"][field] = value.clone();
+            let (st, v) = post(CHAT, &body).await;
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "stop", "{field}: {c}");
+            let text = c["message"]["content"].as_str().unwrap();
+            let ok = match field {
+                "regex" => {
+                    let b = text.as_bytes();
+                    b.len() >= 7 && b[0].is_ascii_uppercase() && text.ends_with(|ch: char| ch.is_ascii_digit()) && text.contains('-')
+                        && text[text.find('-').unwrap() + 1..].len() == 3
+                }
+                "choice" => ["yes", "no", "maybe later"].contains(&text),
+                _ => text.starts_with('(') && text.ends_with(')') && text[1..text.len() - 1].split(',').all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit())),
+            };
+            assert!(ok, "{field}: {text:?}");
+        }
+    }
+    // The older top-level fields.
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "p", "guided_choice": ["left", "right"], "max_tokens": 10})).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(["left", "right"].contains(&v["choices"][0]["text"].as_str().unwrap()), "{v}");
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "p", "guided_regex": "[0-9]{4}", "max_tokens": 10})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap().len(), 4, "{v}");
+    // json_object: an object whenever it finishes (random weights may run to max_tokens).
+    for seed in 0..3 {
+        let (st, v) = post(CHAT, &json!({"messages": user("json"), "seed": seed, "max_tokens": 120, "response_format": {"type": "json_object"}})).await;
+        assert_eq!(st, 200, "{v}");
+        let c = &v["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('{'), "{text:?}");
+        if c["finish_reason"] == "stop" {
+            assert!(serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()), "{text:?}");
+        } else {
+            assert_eq!(c["finish_reason"], "length");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_gives_the_same_text_and_constrained_requests_batch_with_plain_ones() {
+    let schema = person_schema();
+    let body = json!({"messages": user("who?"), "temperature": 0, "max_tokens": 300, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}});
+    let (st, whole) = post(CHAT, &body).await;
+    assert_eq!(st, 200);
+    let chunks = stream(CHAT, &body).await;
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+
+    // Eight at once: constrained and plain in the same batches; a too-small max_tokens ends with
+    // `length` (an incomplete value, no error); the plain ones are unaffected.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let body = match i % 4 {
+            0 => json!({"messages": user("a"), "temperature": 1.0, "seed": i, "max_tokens": 300, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}),
+            1 => json!({"messages": user("b"), "temperature": 0, "max_tokens": 5, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}),
+            2 => json!({"messages": user("c"), "temperature": 1.0, "seed": i, "max_tokens": 12, "ignore_eos": true}),
+            _ => json!({"messages": user("d"), "temperature": 1.0, "seed": i, "max_tokens": 40, "structured_outputs": {"regex": "(ab|cd)+!"}}),
+        };
+        tasks.push(tokio::spawn(async move { (i, post(CHAT, &body).await) }));
+    }
+    for t in tasks {
+        let (i, (st, v)) = t.await.unwrap();
+        assert_eq!(st, 200, "{i}: {v}");
+        let c = &v["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap();
+        match i % 4 {
+            0 => {
+                assert_eq!(c["finish_reason"], "stop");
+                assert_valid(text, &schema, "batched");
+            }
+            1 => {
+                assert_eq!(c["finish_reason"], "length");
+                assert_eq!(v["usage"]["completion_tokens"], 5);
+                assert!(text.starts_with('{'), "{text:?}");
+            }
+            2 => assert_eq!(v["usage"]["completion_tokens"], 12),
+            _ => {
+                if c["finish_reason"] == "stop" {
+                    let body = text.strip_suffix('!').unwrap_or_else(|| panic!("{text:?}"));
+                    assert!(body.len() % 2 == 0 && body.as_bytes().chunks(2).all(|p| p == b"ab" || p == b"cd"), "{text:?}");
+                }
+            }
+        }
+    }
+    // The masks were counted.
+    let resp = api::app(state()).oneshot(Request::builder().uri("/metrics").body(Body::empty()).unwrap()).await.unwrap();
+    let text = String::from_utf8(axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
+    let masks: f64 = text.lines().find(|l| l.starts_with("pace_structured_output_masks_total")).and_then(|l| l.split(' ').nth(1)).unwrap().parse().unwrap();
+    assert!(masks > 100.0, "{masks} masks");
+    assert!(
+        text.lines().any(|l| l.starts_with("pace_structured_output_compile_seconds_count{") && l.contains("kind=\"json_schema\"")),
+        "no compile histogram"
+    );
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+                           "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"], "additionalProperties": false}}}
+    ])
+}
+
+fn params_of(tools: &Value, name: &str) -> Value {
+    tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_are_valid_calls() {
+    let tools = weather_tools();
+    // Named function.
+    for t in [0.0, 1.0] {
+        let body = json!({"messages": user("Weather in Paris?"), "tools": tools, "temperature": t, "seed": 3, "max_tokens": 100,
+                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+        let (st, v) = post(CHAT, &body).await;
+        assert_eq!(st, 200, "{v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert!(c["message"]["content"].is_null(), "{c}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["type"], "function");
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        let args = calls[0]["function"]["arguments"].as_str().unwrap();
+        assert_valid(args, &params_of(&tools, "get_weather"), "named arguments");
+
+        // Streamed: the first fragment names the call, the arguments add up to the same text
+        // at temperature 0.
+        let chunks = stream(CHAT, &body).await;
+        let first = &chunks[0]["choices"][0]["delta"];
+        assert_eq!(first["role"], "assistant");
+        assert_eq!(first["tool_calls"][0]["function"]["name"], "get_weather");
+        assert!(first["tool_calls"][0]["id"].as_str().unwrap().starts_with("call_"));
+        let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()).collect();
+        assert!(chunks.iter().all(|c| c["choices"][0]["delta"].get("content").is_none()), "text content in a call stream");
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+        assert_valid(&streamed, &params_of(&tools, "get_weather"), "streamed arguments");
+        if t == 0.0 {
+            assert_eq!(streamed, args);
+        }
+    }
+    // Required: one or more calls, each to a known tool with valid arguments; one when
+    // parallel_tool_calls is false.
+    for (seed, parallel) in [(1, true), (2, true), (3, false), (4, false)] {
+        let body = json!({"messages": user("Weather and time?"), "tools": tools, "tool_choice": "required", "parallel_tool_calls": parallel,
+                          "temperature": 1.0, "seed": seed, "max_tokens": 300});
+        for streaming in [false, true] {
+            let calls: Vec<Value> = if streaming {
+                let chunks = stream(CHAT, &body).await;
+                assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+                chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()).collect()
+            } else {
+                let (st, v) = post(CHAT, &body).await;
+                assert_eq!(st, 200, "{v}");
+                assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+                v["choices"][0]["message"]["tool_calls"].as_array().unwrap().clone()
+            };
+            assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{calls:?}");
+            for c in &calls {
+                let name = c["function"]["name"].as_str().unwrap();
+                assert_valid(c["function"]["arguments"].as_str().unwrap(), &params_of(&tools, name), name);
+            }
+        }
+    }
+    // A conversation that carries an earlier call and its result.
+    let messages = json!([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 3}"}
+    ]);
+    let (st, v) = post(CHAT, &json!({"messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 4})).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    // auto: whatever random weights write comes back as text or calls, never an error.
+    let (st, v) = post(CHAT, &json!({"messages": user("hi"), "tools": tools, "max_tokens": 8})).await;
+    assert_eq!(st, 200, "{v}");
+    let chunks = stream(CHAT, &json!({"messages": user("hi"), "tools": tools, "max_tokens": 8})).await;
+    assert!(!chunks.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_grammars_and_tool_settings_are_400s_before_any_sse_byte() {
+    let tools = weather_tools();
+    let rf = |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (CHAT, json!({"messages": user("x"), "response_format": rf(json!({"type": "nonsense"}))}), "response_format"),
+        (CHAT, json!({"messages": user("x"), "response_format": rf(json!(17))}), "response_format"),
+        (CHAT, json!({"messages": user("x"), "response_format": {"type": "json_schema"}}), "response_format"),
+        (CHAT, json!({"messages": user("x"), "response_format": {"type": "xml"}}), "response_format"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}), "structured_outputs"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"grammar": "start: nothing_defined"}}), "structured_outputs"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"choice": []}}), "structured_outputs"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"json": "{not json"}}), "structured_outputs"),
+        (COMPLETIONS, json!({"prompt": "x", "structured_outputs": {"regex": "a"}, "guided_regex": "b"}), "guided_regex"),
+        (COMPLETIONS, json!({"prompt": "x", "guided_regex": "a+", "ignore_eos": true}), "ignore_eos"),
+        (COMPLETIONS, json!({"prompt": "x", "guided_regex": "a+", "min_tokens": 3}), "min_tokens"),
+        (CHAT, json!({"messages": user("x"), "tools": []}), "tools"),
+        (CHAT, json!({"messages": user("x"), "tool_choice": "required"}), "tool_choice"),
+        (CHAT, json!({"messages": user("x"), "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (CHAT, json!({"messages": user("x"), "tools": tools, "tool_choice": "always"}), "tool_choice"),
+        (CHAT, json!({"messages": user("x"), "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}), "response_format"),
+        (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "bad name!"}}]}), "tools[0].function.name"),
+        (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}), "tools[0].function.parameters"),
+        (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}], "tool_choice": "required"}), "tools"),
+        (CHAT, json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]}), "messages[0].tool_calls[0]"),
+    ];
+    for (path, body, param) in &cases {
+        for streaming in [false, true] {
+            let mut b = body.clone();
+            b["stream"] = json!(streaming);
+            let (st, ct, text) = call(path, &b).await;
+            assert!(ct.starts_with("application/json"), "{b}: answered {ct}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(st, 400, "{b}: {v}");
+            assert_eq!(v["error"]["param"], *param, "{b}: {v}");
+            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+    }
+    // Still serving, constrained and not.
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "guided_choice": ["ok"], "max_tokens": 5})).await;
+    assert_eq!((st, v["choices"][0]["text"].as_str()), (200, Some("ok")), "{v}");
+}
