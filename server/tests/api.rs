@@ -214,7 +214,7 @@ fn python_with_openai() -> String {
 }
 
 /// The OpenAI Python client (a real third-party client), streaming and non-streaming, chat and
-/// completions.
+/// completions, structured outputs through its `parse()` helper, and forced tool calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_client_works() {
     let python = python_with_openai();
@@ -241,6 +241,37 @@ try:
     raise SystemExit("expected NotFoundError")
 except openai.NotFoundError as e:
     assert e.body["code"] == "model_not_found", e.body
+
+# Structured outputs through the client's parse() helper (a Pydantic model as a strict schema).
+import json
+from typing import Literal
+from pydantic import BaseModel, Field
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+    continent: Literal["Europe", "Asia", "Africa", "America", "Oceania"]
+    population_millions: int = Field(ge=0, le=100)
+parse = c.chat.completions.parse if hasattr(c.chat.completions, "parse") else c.beta.chat.completions.parse
+p = parse(model="SmolLM2-135M-Instruct", messages=[{{"role": "user", "content": "Describe Paris as JSON."}}], response_format=City, temperature=0, max_tokens=120)
+city = p.choices[0].message.parsed
+assert isinstance(city, City), p
+assert p.choices[0].finish_reason == "stop", p
+
+# A forced tool call: valid arguments for the tool's schema.
+tools = [{{"type": "function", "function": {{"name": "get_weather", "description": "Weather in a city",
+          "parameters": {{"type": "object", "properties": {{"city": {{"type": "string", "maxLength": 30}}, "unit": {{"enum": ["celsius", "fahrenheit"]}}}},
+                         "required": ["city", "unit"], "additionalProperties": False}}}}}}]
+for choice in ["required", {{"type": "function", "function": {{"name": "get_weather"}}}}]:
+    m = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{{"role": "user", "content": "What is the weather in Paris?"}}],
+                                  tools=tools, tool_choice=choice, temperature=0, max_tokens=80)
+    call = m.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and m.choices[0].finish_reason == "tool_calls", m
+    args = json.loads(call.function.arguments)
+    assert set(args) == {{"city", "unit"}} and args["unit"] in ("celsius", "fahrenheit"), args
+    streamed = [d for ch in c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{{"role": "user", "content": "What is the weather in Paris?"}}],
+                tools=tools, tool_choice=choice, temperature=0, max_tokens=80, stream=True) for x in ch.choices for d in (x.delta.tool_calls or [])]
+    assert streamed[0].function.name == "get_weather", streamed
+    assert json.loads("".join(d.function.arguments or "" for d in streamed)) == args, streamed
 print("ok")
 "#,
         base = server().base
