@@ -148,7 +148,7 @@ async fn vllm_chat_extras_render_as_vllm_renders_them() {
         (json!({"continue_final_message": true, "add_generation_prompt": true}), "continue_final_message"),
         (json!({"spaces_between_special_tokens": true, "skip_special_tokens": false}), "spaces_between_special_tokens"),
         (json!({"use_beam_search": true}), "use_beam_search"),
-        (json!({"guided_json": {}}), "guided_json"),
+        (json!({"structural_tag": {}}), "structural_tag"),
     ] {
         let (st, v) = chat(extra.clone()).await;
         assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{extra}: {v}");

@@ -365,3 +365,51 @@ async fn bad_grammars_and_tool_settings_are_400s_before_any_sse_byte() {
     let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "guided_choice": ["ok"], "max_tokens": 5})).await;
     assert_eq!((st, v["choices"][0]["text"].as_str()), (200, Some("ok")), "{v}");
 }
+
+/// Hostile grammars: each is a 200 (bounded by max_tokens and llguidance's per-mask limits) or
+/// a 400, never a 5xx, and none holds the server for long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_grammars_are_bounded() {
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..60 {
+        deep = json!({"type": "object", "properties": {"a": deep}, "required": ["a"]});
+    }
+    let huge_enum: Vec<String> = (0..5000).map(|i| format!("value-{i}-{}", "x".repeat(i % 40))).collect();
+    let cases: Vec<Value> = vec![
+        json!({"structured_outputs": {"json": deep}}),
+        json!({"structured_outputs": {"json": {"enum": huge_enum}}}),
+        json!({"structured_outputs": {"regex": "(a*)*b"}}),
+        json!({"structured_outputs": {"regex": "(a|aa|aaa)*c(x|y){1,999}"}}),
+        json!({"structured_outputs": {"regex": "[a-z]{100000}"}}),
+        json!({"structured_outputs": {"regex": "(?:(?:(?:a{1,50}){1,50}){1,50})"}}),
+        json!({"structured_outputs": {"grammar": "start: start \"a\" | \"b\""}}),
+        json!({"structured_outputs": {"grammar": "start: x\nx: x x | \"a\" | \"(\" x \")\""}}),
+        json!({"structured_outputs": {"json": {"type": "string", "minLength": 100000}}}),
+        json!({"structured_outputs": {"json": {"type": "string", "pattern": "(\\w+\\s*)*!"}}}),
+        json!({"structured_outputs": {"json": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}),
+        json!({"structured_outputs": {"json": {"$ref": "https://example.com/schema.json"}}}),
+        json!({"structured_outputs": {"json": {"anyOf": [{"type": "object"}, {"type": "array"}], "not": {"type": "null"}}}}),
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "items": {"type": "array", "items": {"type": "array"}}, "minItems": 1000000}}}}),
+    ];
+    for extra in cases {
+        let mut body = json!({"prompt": "go", "max_tokens": 24, "temperature": 1.0, "seed": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let t = std::time::Instant::now();
+        let (st, v) = post(COMPLETIONS, &body).await;
+        let secs = t.elapsed().as_secs_f64();
+        let what = extra.to_string();
+        let what = &what[..what.len().min(120)];
+        assert!(st == 200 || st == 400, "{what}: {st} {v}");
+        if st == 400 {
+            assert!(v["error"]["message"].is_string(), "{what}: {v}");
+        } else {
+            assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 24, "{what}: {v}");
+        }
+        assert!(secs < 60.0, "{what}: took {secs:.1} s");
+        eprintln!("{what}: {st} in {secs:.2} s");
+    }
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "guided_choice": ["fine"], "max_tokens": 5})).await;
+    assert_eq!((st, v["choices"][0]["text"].as_str()), (200, Some("fine")), "{v}");
+}

@@ -75,11 +75,10 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// Request fields vLLM's API takes that pace does not: a 400 that says so, rather than
 /// "unrecognized". (vLLM's fields pace implements are in `types.rs`.)
-pub const VLLM_ONLY: [&str; 22] = [
+pub const VLLM_ONLY: [&str; 15] = [
     "use_beam_search", "length_penalty", "bad_words", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens",
-    "return_tokens_as_token_ids", "return_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag", "documents", "mm_processor_kwargs", "logits_processors",
-    "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    "return_tokens_as_token_ids", "return_token_ids", "structural_tag", "documents", "mm_processor_kwargs", "logits_processors",
+    "request_id", "kv_transfer_params", "vllm_xargs",
 ];
 
 fn quoted_after<'a>(msg: &'a str, prefix: &str) -> Option<&'a str> {
