@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The cost of constrained decoding (structured outputs) on the default model, 2 CPU threads:
 # one pace serve (fcfs), then benches/scripts/structured_client.py runs ROUNDS rounds of plain
-# and JSON-schema-constrained decoding side by side (16 streams x 256 tokens, 1 stream x 128).
+# and JSON-schema-constrained decoding side by side (16 streams x 256 tokens, 1 stream x 512).
 # Writes report.md (provenance and the table), run.json (raw) and the server log into OUT
 # (default docs/bench/structured-cpu-smollm2). Needs a release build and a quiet machine.
 #
-# usage: benches/scripts/structured-cpu.sh [ROUNDS=5]
+# usage: benches/scripts/structured-cpu.sh [ROUNDS=8]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=${1:-5}
+ROUNDS=${1:-8}
 PACE=${PACE:-target/release/pace}
 OUT=${OUT:-docs/bench/structured-cpu-smollm2}
 mkdir -p "$OUT"

@@ -146,7 +146,8 @@ def report(d):
                 cur = []
             cur.append(b)
         blocks.append(cur)
-        blocks = blocks[1:]
+        # Leading blocks are the warm-up.
+        blocks = blocks[max(0, len(blocks) - len(res)):]
         if len(blocks) == len(res):
             print()
             print("The step-cost model's error per arm (predicted / measured step time, every step of the arm; from `steps.jsonl`, `pace serve --step-trace`):")
@@ -162,7 +163,7 @@ def report(d):
             print(f"\n(step trace: {len(blocks)} blocks for {len(res)} arms; not split)")
     print()
     cons = [r for r in res if r["constrained"]]
-    print("Every constrained request ran to `length` (the schema cannot close within it): finish reasons", sorted({f for r in cons for f in r["finish"]}), ".")
+    print(f"Finish reasons of the constrained requests: {sorted({f for r in cons for f in r['finish']})} (the schema cannot close within the length, so every one is masked at every token).")
     print()
     print("A constrained output (first 160 characters):")
     print()
@@ -175,5 +176,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "--report":
         report(sys.argv[2])
     else:
-        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-        print(json.dumps(run(sys.argv[1], rounds, [[16, 256], [1, 128]]), indent=1))
+        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+        print(json.dumps(run(sys.argv[1], rounds, [[16, 256], [1, 512]]), indent=1))
