@@ -106,6 +106,8 @@ async fn streamed_text_equals_non_streamed_text_at_temperature_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_concurrent_mixed_requests_give_the_text_they_give_alone() {
+    // Chat, completions and JSON-schema-constrained chat, each greedy: batched they must give
+    // exactly what they give alone.
     let prompts = [
         "Write a limerick about a cat.", "What is 17 times 23?", "Name a famous painter.", "Describe the ocean in one sentence.",
         "Translate 'thank you' to French.", "Give me a synonym for happy.", "What color is the sky on Mars?", "Tell me a fun fact about owls.",
@@ -114,7 +116,12 @@ async fn sixteen_concurrent_mixed_requests_give_the_text_they_give_alone() {
         .map(|i| {
             let p = prompts[i % prompts.len()];
             let max = 6 + (i * 5) % 23;
-            if i % 2 == 0 {
+            if i % 4 == 2 {
+                // Constrained rows in the same batches: their masks must not touch the others.
+                let schema = json!({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}, "sure": {"type": "boolean"}},
+                                    "required": ["answer", "sure"], "additionalProperties": false});
+                (chat(), json!({"messages": user(p), "max_tokens": 30, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}))
+            } else if i % 2 == 0 {
                 (chat(), json!({"messages": user(p), "max_tokens": max, "temperature": 0}))
             } else {
                 (completions(), json!({"prompt": format!("Q: {p}\nA:"), "max_tokens": max, "temperature": 0}))
