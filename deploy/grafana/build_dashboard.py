@@ -338,6 +338,22 @@ def build():
                "{{instance}} {{scheduler}}")], "percentunit", w=24, minv=0, maxv=1),
     ], 8)
     b.place([
+        b.ts("Structured outputs: mask CPU per constrained token",
+             "CPU time of one token mask (llguidance) for requests with a JSON schema, regex, choice, grammar or forced "
+             "tool call: rate(pace_structured_output_mask_microseconds_total) / rate(pace_structured_output_masks_total). "
+             "Masks run on the engine thread while the forward pass runs; tens of microseconds is normal, milliseconds "
+             "mean hard grammars (docs/bench/structured-cpu-smollm2).",
+             [(f"sum by (instance, scheduler) (rate(pace_structured_output_mask_microseconds_total{{{SEL}}}[{RI}])) "
+               f"/ (sum by (instance, scheduler) (rate(pace_structured_output_masks_total{{{SEL}}}[{RI}])) > 0)",
+               "{{instance}} {{scheduler}}")], "µs", minv=0),
+        b.ts("Structured outputs: masks and grammar errors per second",
+             "Constrained tokens per second, and grammars that stopped on an error (a per-mask limit exceeded: the "
+             "output ended with EOS). Errors should stay at zero; a rise means clients send grammars too hard to follow.",
+             [(f"sum by (instance) (rate(pace_structured_output_masks_total{{{SEL}}}[{RI}]))", "{{instance}} masks/s"),
+              (f"sum by (instance) (rate(pace_structured_output_errors_total{{{SEL}}}[{RI}]))", "{{instance}} errors/s")],
+             "short", minv=0),
+    ], 8)
+    b.place([
         b.stat("KV cache configuration by instance",
                "pace_cache_config_info (vLLM's cache_config_info): tokens per block, blocks in the pool, the cache's "
                "element type and whether prefix caching is on, as labels.",

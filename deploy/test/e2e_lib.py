@@ -194,8 +194,11 @@ PROMPTS = [
 ]
 
 
-def one_request(inst, model, max_tokens, stream, timeout, rng):
+def one_request(inst, model, max_tokens, stream, timeout, rng, constrained=False):
     body = {"prompt": rng.choice(PROMPTS), "max_tokens": max_tokens, "temperature": 0.7, "stream": stream}
+    if constrained:
+        # A structured output, so the grammar-mask series have data too.
+        body["structured_outputs"] = {"regex": "[a-z ,.]{1,200}"}
     if model:
         body["model"] = model
     if stream:
@@ -224,7 +227,8 @@ def one_request(inst, model, max_tokens, stream, timeout, rng):
 
 def run_load(instances, requests_per_instance, concurrency, max_tokens, timeout, deadline_s, seed=1):
     """Bounded load: `requests_per_instance` requests to each instance, at most `concurrency` in
-    flight per instance, alternating streaming and non-streaming; stops sending at deadline_s.
+    flight per instance, alternating streaming and non-streaming, every fifth constrained by a
+    regex; stops sending at deadline_s.
     Returns {instance name: [status, ...]}."""
     results = {i.name: [] for i in instances}
     stop_at = time.time() + deadline_s
@@ -236,7 +240,7 @@ def run_load(instances, requests_per_instance, concurrency, max_tokens, timeout,
                 if not todo:
                     return
                 k = todo.pop()
-            status, _, _ = one_request(inst, model, max_tokens, stream=(k % 4 != 3), timeout=timeout, rng=rng)
+            status, _, _ = one_request(inst, model, max_tokens, stream=(k % 4 != 3), timeout=timeout, rng=rng, constrained=(k % 5 == 4))
             with lock:
                 results[inst.name].append(status)
             if status in (429, 503):  # admission said no: back off as Retry-After asks (bounded)

@@ -84,7 +84,9 @@ class Registry:
         self.counters.update({f'pace_requests_rejected_total{{{self.labels},reason="{r}"}}': 0 for r in REJECTED})
         self.counters.update({f'pace_request_success_total{{{self.labels},finished_reason="{r}"}}': 0 for r in ("stop", "length", "abort")})
         for c in ["pace_num_preemptions_total", "pace_prompt_tokens_total", "pace_generation_tokens_total",
-                  "pace_http_connections_refused_total", "pace_prefix_cache_queries_total", "pace_prefix_cache_hits_total"]:
+                  "pace_http_connections_refused_total", "pace_prefix_cache_queries_total", "pace_prefix_cache_hits_total",
+                  "pace_structured_output_masks_total", "pace_structured_output_mask_microseconds_total",
+                  "pace_structured_output_errors_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)
@@ -267,6 +269,10 @@ def make_handler(args, reg, sim):
             reg.inc("pace_prompt_tokens_total", by=n_prompt)
             reg.inc("pace_prefix_cache_queries_total", by=n_prompt)
             reg.inc("pace_prefix_cache_hits_total", by=int(n_prompt * (0.6 if sim.s == "smooth" else 0.5) * sim.rng.random()))
+            # A fifth of the fake's outputs are constrained, about 45 us of mask CPU a token.
+            if sim.rng.random() < 0.2:
+                reg.inc("pace_structured_output_masks_total", by=n)
+                reg.inc("pace_structured_output_mask_microseconds_total", by=int(n * (35 + 20 * sim.rng.random())))
             reg.inc("pace_requests_total", 'finished_reason="length"')
             reg.inc("pace_request_success_total", 'finished_reason="length"')
             passed = ttft <= SLO_TTFT and tpot <= SLO_TPOT

@@ -31,6 +31,7 @@ COUNTERS = [
     "pace_requests_total", "pace_requests_rejected_total", "pace_num_preemptions_total", "pace_prompt_tokens_total",
     "pace_generation_tokens_total", "pace_http_requests_total", "pace_http_connections_refused_total",
     "pace_request_success_total", "pace_prefix_cache_queries_total", "pace_prefix_cache_hits_total",
+    "pace_structured_output_masks_total", "pace_structured_output_mask_microseconds_total", "pace_structured_output_errors_total",
 ]
 # Counters of events a short, light load may not cause; a server that registers its series lazily
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).
@@ -39,8 +40,11 @@ EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_num_preemptions_total"]
 # requests that stopped by themselves (a load of short max_tokens may have none). Their series,
 # what the rules record from them, and panels that read only those, are warnings unless strict.
 EVENT_HISTOGRAMS = ["pace_output_length_prediction_error_ratio"]
+# Structured outputs happen only when clients ask for them: a load without any leaves the
+# mask-time panel empty (its ratio is kept to where masks were computed).
+STRUCTURED_COUNTERS = ["pace_structured_output_masks_total", "pace_structured_output_mask_microseconds_total"]
 EVENT_SERIES = {h + s for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")} | {
-    f"instance:{h}{s}:rate1m" for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")}
+    f"instance:{h}{s}:rate1m" for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")} | set(STRUCTURED_COUNTERS)
 CONTRACT = set(GAUGES) | set(COUNTERS) | {h + s for h in HISTOGRAMS for s in ("_bucket", "_count", "_sum")}
 
 PROMQL_KEYWORDS = {

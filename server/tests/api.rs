@@ -291,3 +291,36 @@ print("ok")
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The default model under JSON schemas (nested objects, enums, arrays, required and optional
+/// fields), greedy and sampled: every output parses and validates, and ends by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_outputs_of_the_real_model_validate() {
+    let schemas = [
+        json!({"type": "object", "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "year": {"type": "integer", "minimum": 1800, "maximum": 2100},
+            "genre": {"enum": ["drama", "comedy", "action", "documentary"]},
+            "cast": {"type": "array", "items": {"type": "string", "maxLength": 30}, "minItems": 1, "maxItems": 3},
+            "studio": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 20}},
+                       "required": ["name"], "additionalProperties": false}},
+            "required": ["title", "year", "genre", "cast", "studio"], "additionalProperties": false}),
+        json!({"type": "array", "minItems": 2, "maxItems": 4, "items": {"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}, "sunny": {"type": "boolean"}, "temp_c": {"type": "number", "minimum": -50, "maximum": 60}},
+            "required": ["city", "sunny", "temp_c"], "additionalProperties": false}}),
+    ];
+    let prompts = ["Describe a famous movie as JSON.", "Give the weather in a few European cities as JSON."];
+    for (schema, prompt) in schemas.iter().zip(prompts) {
+        for (t, seed) in [(0.0, 0), (1.0, 1), (1.0, 2)] {
+            let body = json!({"messages": user(prompt), "temperature": t, "seed": seed, "max_tokens": 200,
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}});
+            let (st, _, v) = post(&chat(), &body).await;
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "stop", "t={t}: {c}");
+            let text = c["message"]["content"].as_str().unwrap();
+            let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("t={t}: not JSON ({e}): {text}"));
+            common::schema::check(&parsed, schema).unwrap_or_else(|e| panic!("t={t}: {e}: {text}"));
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! Test harness: a real `pace serve` on 127.0.0.1 (the real default model), real HTTP clients.
 #![allow(dead_code)]
 
+pub mod schema;
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
