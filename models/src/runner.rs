@@ -69,7 +69,7 @@ impl ModelRunner {
         let (model, cache) = (&self.model, &self.cache);
         // Grammar masks of the constrained rows are computed on this thread meanwhile (they
         // depend only on the tokens already committed); sampling then only applies them.
-        let mut constrained: Vec<&mut Sampler> = {
+        let mut constrained: Vec<&mut Sampler> = if self.samplers.values().any(Sampler::is_constrained) {
             let sampled: std::collections::HashSet<RequestId> =
                 plan.seqs.iter().filter(|s| s.sample).map(|s| s.id).collect();
             self.samplers
@@ -77,6 +77,8 @@ impl ModelRunner {
                 .filter(|(id, s)| s.is_constrained() && sampled.contains(id))
                 .map(|(_, s)| s)
                 .collect()
+        } else {
+            Vec::new()
         };
         let logits = if constrained.is_empty() {
             rayon::scope(|_| model.forward(&input, cache))?
@@ -93,10 +95,11 @@ impl ModelRunner {
             out.expect("the scope ran the forward pass")?
         };
         if let Some(sampled) = self.sample_greedy_on_device(plan, &logits)? {
-            return Ok(StepOutput { sampled });
+            return Ok(StepOutput { sampled, complete: Vec::new() });
         }
         let mut rows = logits.to_vec2::<f32>()?;
         let mut sampled = Vec::with_capacity(rows.len());
+        let mut complete = Vec::new();
         for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {
             let sampler = self
                 .samplers
@@ -105,8 +108,11 @@ impl ModelRunner {
             let mut tok = sampler.sample(row)?;
             tok.id = s.id;
             sampled.push(tok);
+            if sampler.is_complete() {
+                complete.push(s.id);
+            }
         }
-        Ok(StepOutput { sampled })
+        Ok(StepOutput { sampled, complete })
     }
 
     /// On a GPU, when every sampled request is plain greedy (no logprobs, no penalties), takes

@@ -248,6 +248,12 @@ impl Sampler {
         self.constraint.is_some()
     }
 
+    /// True once the grammar allows nothing but end-of-generation (complete, or stopped on an
+    /// error): the output is over without sampling that token.
+    pub fn is_complete(&self) -> bool {
+        self.constraint.as_ref().is_some_and(Constraint::is_finished)
+    }
+
     /// The parameters.
     pub fn params(&self) -> &SamplingParams {
         &self.params

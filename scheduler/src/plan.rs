@@ -89,4 +89,8 @@ pub struct SampledToken {
 pub struct StepOutput {
     /// One entry per slice with `sample == true`, in plan order.
     pub sampled: Vec<SampledToken>,
+    /// Requests whose output is complete with this step's token although it is no stop token
+    /// (a structured output whose grammar nothing can extend): they finish with `Stop` now
+    /// instead of spending a step on the end-of-sequence token.
+    pub complete: Vec<RequestId>,
 }

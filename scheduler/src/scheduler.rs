@@ -810,7 +810,7 @@ impl Scheduler {
             r.max_lateness = r.max_lateness.max(now - r.class.deadline(r.arrival, n));
             r.first_token.get_or_insert(now);
             r.last_token = Some(now);
-            let stop = n >= r.min_tokens && r.stop_token_ids.contains(&s.token);
+            let stop = (n >= r.min_tokens && r.stop_token_ids.contains(&s.token)) || out.complete.contains(&s.id);
             let length = n >= r.max_output;
             events.push(Event::Token { id: s.id, sampled: s.clone(), time: now });
             let reason = if stop {
