@@ -160,3 +160,21 @@ fn hf_helpers_strftime_tojson_and_trim_blocks() {
         "<|begin_of_text|>\n    Today Date: 25 Jul 2024\n[{\"role\": \"user\", \"content\": \"é \\\"q\\\"\"}]"
     );
 }
+
+/// Tool definitions reach a template that renders `tools` (the server passes them as that
+/// variable); templates without it report so, and the server offers the tools in a system
+/// message instead.
+#[test]
+fn templates_that_render_tools_get_them() {
+    let src = "{% if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}={{ t.function.parameters | tojson }}{% endfor %}<|im_end|>\n{% endif %}\
+               {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let t = ChatTemplate::new(src, None, None).unwrap();
+    assert!(t.uses_tools());
+    let tools: serde_json::Value = serde_json::json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let mut extra = serde_json::Map::new();
+    extra.insert("tools".into(), tools);
+    let out = t.render_with(&[ChatMessage::new("user", "hi")], false, &extra).unwrap();
+    assert_eq!(out, "<|im_start|>system\nTools: get_weather={\"type\": \"object\"}<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+    assert!(!ChatTemplate::new(ChatTemplate::CHATML, None, None).unwrap().uses_tools());
+    assert!(!ChatTemplate::for_tokenizer(smollm2()).unwrap().uses_tools());
+}
