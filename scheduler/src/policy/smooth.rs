@@ -124,6 +124,10 @@ pub struct SmoothConfig {
     /// only behind requests as heavy, so the optimism cannot build a queue of light ones. The
     /// key `race` (0 or 1) turns it off for the ablation (docs/sim).
     pub race: bool,
+    /// Under a capped penalty, how far the running streams may fall behind their readers: the
+    /// feed limit's share of the machine is multiplied by this (infinite: no step-time limit,
+    /// [`Smooth::feed_cap`]). The key `capped_slack` sets it for the ablation (docs/sim).
+    pub capped_slack: f64,
 }
 
 impl Default for SmoothConfig {
@@ -137,6 +141,7 @@ impl Default for SmoothConfig {
             feed_limit: true,
             feed_quantile: 0.9,
             race: true,
+            capped_slack: f64::INFINITY,
         }
     }
 }
@@ -352,10 +357,13 @@ impl Smooth {
     /// the throughput a fuller batch delivers, so keeping every reader at its pace is not worth
     /// the streams it keeps waiting.
     fn feed_cap(&self, ctx: &PolicyContext<'_>) -> f64 {
-        if self.cfg.feed_limit && !matches!(ctx.slo.penalty, Penalty::Capped(_)) {
-            1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0)
-        } else {
-            f64::INFINITY
+        if !self.cfg.feed_limit {
+            return f64::INFINITY;
+        }
+        let share = 1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0);
+        match ctx.slo.penalty {
+            Penalty::Capped(_) => share * self.cfg.capped_slack,
+            _ => share,
         }
     }
 
