@@ -94,6 +94,67 @@ fn field_body() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
+/// Schema-shaped JSON: objects made of JSON-schema keywords with random values, nested.
+fn any_schema() -> impl Strategy<Value = Value> {
+    const KEYS: [&str; 22] = [
+        "type", "properties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "required", "minItems", "maxItems", "minLength", "maxLength",
+        "pattern", "minimum", "maximum", "$ref", "$defs", "additionalProperties", "format", "prefixItems", "x-guidance",
+    ];
+    let leaf = prop_oneof![
+        prop::sample::select(&["object", "array", "string", "integer", "number", "boolean", "null", "#/$defs/a", "#", "date-time", "email"][..]).prop_map(|s| json!(s)),
+        any_json(),
+        regex_like().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 40, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec((prop::sample::select(&KEYS[..]), inner.clone()), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map<_, _>>())),
+            prop::collection::vec(("[a-c]{1,2}", inner.clone()), 0..4).prop_map(|kv| json!({"type": "object", "properties": kv.into_iter().collect::<Map<_, _>>()})),
+            prop::collection::vec(inner, 0..4).prop_map(Value::Array),
+        ]
+    })
+}
+
+/// Strings made of regex and Lark metacharacters.
+fn regex_like() -> impl Strategy<Value = String> {
+    "[a-c0-9()|*+?{}\\[\\]^$.,:\"/\\\\ \n%-]{0,24}"
+}
+
+/// A body with one structured-output or tool field holding a hostile value.
+fn structured_body() -> impl Strategy<Value = Vec<u8>> {
+    let field = prop_oneof![
+        any_schema().prop_map(|s| ("response_format", json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}}))),
+        any_schema().prop_map(|s| ("structured_outputs", json!({"json": s}))),
+        any_schema().prop_map(|s| ("guided_json", s)),
+        regex_like().prop_map(|r| ("structured_outputs", json!({"regex": r}))),
+        regex_like().prop_map(|g| ("structured_outputs", json!({"grammar": format!("start: {g}")}))),
+        prop::collection::vec("\\PC{0,6}", 0..5).prop_map(|c| ("guided_choice", json!(c))),
+        (any_schema(), prop_oneof![Just(json!("required")), Just(json!("auto")), Just(json!({"type": "function", "function": {"name": "f"}})), any_json()])
+            .prop_map(|(p, choice)| ("tools", json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": p}}], "tool_choice": choice}))),
+    ];
+    (any::<bool>(), field).prop_map(|(chat, (k, v))| {
+        let mut b = if chat { json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) } else { json!({"prompt": "hi", "max_tokens": 4}) };
+        if k == "tools" {
+            b["tools"] = v["tools"].clone();
+            b["tool_choice"] = v["tool_choice"].clone();
+        } else {
+            b[k] = v;
+        }
+        serde_json::to_vec(&b).unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))), ..ProptestConfig::default() })]
+
+    /// Grammars from clients (schemas, regexes, Lark, choices, tools) compile or are refused with a 4xx,
+    /// without a panic or an allocation past the bound.
+    #[test]
+    fn hostile_grammars_compile_or_are_refused(body in structured_body()) {
+        check(&body)?;
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1500, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))), ..ProptestConfig::default() })]
 
