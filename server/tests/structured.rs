@@ -302,7 +302,24 @@ async fn forced_tool_calls_are_valid_calls() {
             let calls: Vec<Value> = if streaming {
                 let chunks = stream(CHAT, &body).await;
                 assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
-                chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()).collect()
+                // Fragments: a call's first names it (with its id), later ones add arguments.
+                let mut calls: Vec<Value> = Vec::new();
+                for d in chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()) {
+                    let i = d["index"].as_u64().unwrap() as usize;
+                    if d["function"]["name"].is_string() {
+                        assert_eq!(i, calls.len(), "calls start in order: {d}");
+                        assert!(d["id"].as_str().unwrap().starts_with("call_"));
+                        calls.push(json!({"function": {"name": d["function"]["name"], "arguments": ""}}));
+                    } else {
+                        assert!(d.get("id").is_none(), "{d}");
+                    }
+                    let args = format!("{}{}", calls[i]["function"]["arguments"].as_str().unwrap(), d["function"]["arguments"].as_str().unwrap());
+                    calls[i]["function"]["arguments"] = json!(args);
+                }
+                // Streamed as written: more chunks carry call fragments than there are calls.
+                let with_calls = chunks.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).count();
+                assert!(with_calls > calls.len() + 1, "{with_calls} chunks for {} calls", calls.len());
+                calls
             } else {
                 let (st, v) = post(CHAT, &body).await;
                 assert_eq!(st, 200, "{v}");

@@ -109,8 +109,10 @@ enum ChatStream {
     Text,
     /// The arguments of a named function, streamed as argument fragments (`id` once sent).
     Named { name: String, id: Option<String> },
-    /// Held back until it is known whether the reply is calls (`required`: always to the end;
-    /// `auto`: while the text could still become a call).
+    /// `required`: a list of calls whose layout the grammar fixes, streamed call by call and
+    /// argument fragment by fragment as it is written; tokens wait for the next fragment.
+    Required { calls: structured::RequiredCalls, tokens: Vec<SampledToken> },
+    /// `auto`: held back while the text could still become a call.
     Held { text: String, tokens: Vec<SampledToken> },
 }
 
@@ -119,7 +121,8 @@ impl ChatStream {
         match mode {
             ToolMode::None => Self::Text,
             ToolMode::Named(name) => Self::Named { name: name.clone(), id: None },
-            ToolMode::Required | ToolMode::Auto { .. } => Self::Held { text: String::new(), tokens: Vec::new() },
+            ToolMode::Required => Self::Required { calls: structured::RequiredCalls::default(), tokens: Vec::new() },
+            ToolMode::Auto { .. } => Self::Held { text: String::new(), tokens: Vec::new() },
         }
     }
 
@@ -147,6 +150,38 @@ impl ChatStream {
                     index,
                     delta: Delta { role, content: None, tool_calls: vec![call] },
                     logprobs: lp(&frame.tokens),
+                    finish_reason: tool_finish_reason(frame.finish),
+                })
+            }
+            Self::Required { calls, tokens } => {
+                tokens.extend(frame.tokens.iter().cloned());
+                let fragments = calls.push(&frame.text);
+                if frame.finish.is_some() && calls.started() == 0 {
+                    // Not the list the grammar writes (cut before the first name): plain text.
+                    let text = calls.text().to_string();
+                    let tokens = std::mem::take(tokens);
+                    return Some(text_choice(text, &tokens, finish_reason(frame.finish)));
+                }
+                if fragments.is_empty() && frame.finish.is_none() {
+                    return None;
+                }
+                let deltas = fragments
+                    .into_iter()
+                    .map(|f| {
+                        let first = f.name.is_some();
+                        ToolCallDelta {
+                            index: f.index,
+                            id: first.then(structured::call_id),
+                            kind: first.then_some("function"),
+                            function: FunctionCallDelta { name: f.name, arguments: f.arguments },
+                        }
+                    })
+                    .collect();
+                let tokens = std::mem::take(tokens);
+                Some(ChatChunkChoice {
+                    index,
+                    delta: Delta { role, content: None, tool_calls: deltas },
+                    logprobs: lp(&tokens),
                     finish_reason: tool_finish_reason(frame.finish),
                 })
             }

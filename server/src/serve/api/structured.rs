@@ -362,6 +362,170 @@ pub fn may_be_call(prefix: &str) -> bool {
     t.is_empty() || "<tool_call>".starts_with(t) || t.starts_with("<tool_call>") || t.starts_with('{') || t.starts_with('[')
 }
 
+/// Streams a `required` reply as it is written: the grammar fixes its layout to
+/// `[{"name": "NAME", "parameters": VALUE}, ...]` (compact, properties in schema order), so each
+/// call's name is known once its string closes, and the bytes of its parameters can go out as
+/// argument fragments while they are generated.
+#[derive(Debug, Default)]
+pub struct RequiredCalls {
+    text: String,
+    /// Bytes of `text` already consumed.
+    pos: usize,
+    state: CallState,
+    /// Calls started so far.
+    calls: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum CallState {
+    /// Before `[{"name": "` (the first call) or `, {"name": "` (a later one).
+    #[default]
+    Head,
+    /// Inside the parameters value: bracket depth, inside a string, after a backslash.
+    Value { depth: u32, in_str: bool, escaped: bool, started: bool },
+    /// After a call's value: `}` then `, ` or `]`.
+    Tail,
+    /// The list is closed, or the text did not have the expected layout.
+    Done,
+}
+
+/// One fragment of a streamed call: a new call (`name` set) or more of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallFragment {
+    pub index: usize,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+impl RequiredCalls {
+    /// Adds generated text; returns the fragments it completes.
+    pub fn push(&mut self, more: &str) -> Vec<CallFragment> {
+        self.text.push_str(more);
+        let mut out: Vec<CallFragment> = Vec::new();
+        loop {
+            let rest = &self.text[self.pos..];
+            match self.state {
+                CallState::Done => break,
+                CallState::Head => {
+                    let open = if self.calls == 0 { "[{\"name\": \"" } else { ", {\"name\": \"" };
+                    let close = "\", \"parameters\": ";
+                    if rest.len() < open.len() {
+                        if !open.starts_with(rest) {
+                            self.state = CallState::Done;
+                        }
+                        break;
+                    }
+                    if !rest.starts_with(open) {
+                        self.state = CallState::Done;
+                        break;
+                    }
+                    let Some(end) = rest[open.len()..].find('"') else { break };
+                    let name = rest[open.len()..open.len() + end].to_string();
+                    let after = &rest[open.len() + end..];
+                    if after.len() < close.len() {
+                        if !close.starts_with(after) {
+                            self.state = CallState::Done;
+                        }
+                        break;
+                    }
+                    if !after.starts_with(close) {
+                        self.state = CallState::Done;
+                        break;
+                    }
+                    self.pos += open.len() + end + close.len();
+                    out.push(CallFragment { index: self.calls, name: Some(name), arguments: String::new() });
+                    self.calls += 1;
+                    self.state = CallState::Value { depth: 0, in_str: false, escaped: false, started: false };
+                }
+                CallState::Value { mut depth, mut in_str, mut escaped, mut started } => {
+                    let mut end = None;
+                    for (i, c) in rest.char_indices() {
+                        if in_str {
+                            if escaped {
+                                escaped = false;
+                            } else if c == '\\' {
+                                escaped = true;
+                            } else if c == '"' {
+                                in_str = false;
+                                if depth == 0 {
+                                    end = Some(i + 1);
+                                    break;
+                                }
+                            }
+                            continue;
+                        }
+                        match c {
+                            '"' => in_str = true,
+                            '{' | '[' => depth += 1,
+                            '}' | ']' if depth > 0 => {
+                                depth -= 1;
+                                if depth == 0 {
+                                    end = Some(i + 1);
+                                    break;
+                                }
+                            }
+                            // A scalar value at the top ends at the call's closing brace.
+                            '}' if depth == 0 && started => {
+                                end = Some(i);
+                                break;
+                            }
+                            _ => {}
+                        }
+                        started = true;
+                    }
+                    let upto = end.unwrap_or(rest.len());
+                    // A top-level scalar is held until it ends (it may still be extended).
+                    let scalar_open = end.is_none() && depth == 0 && !in_str;
+                    if upto > 0 && !scalar_open {
+                        let frag = rest[..upto].to_string();
+                        match out.last_mut() {
+                            Some(f) if f.index + 1 == self.calls => f.arguments.push_str(&frag),
+                            _ => out.push(CallFragment { index: self.calls - 1, name: None, arguments: frag }),
+                        }
+                        self.pos += upto;
+                    }
+                    match end {
+                        Some(_) => self.state = CallState::Tail,
+                        None => {
+                            if !scalar_open {
+                                self.state = CallState::Value { depth, in_str, escaped, started };
+                            }
+                            break;
+                        }
+                    }
+                }
+                CallState::Tail => {
+                    // `}` then `, ` (next call: its head includes the comma) or `]`.
+                    if rest.is_empty() {
+                        break;
+                    }
+                    if !rest.starts_with('}') {
+                        self.state = CallState::Done;
+                        break;
+                    }
+                    let after = &rest[1..];
+                    if after.is_empty() {
+                        break;
+                    }
+                    self.pos += 1;
+                    self.state = if after.starts_with(']') { CallState::Done } else { CallState::Head };
+                }
+            }
+        }
+        out
+    }
+
+    /// Calls started so far.
+    pub fn started(&self) -> usize {
+        self.calls
+    }
+
+    /// Everything pushed so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +562,40 @@ mod tests {
         }
         assert!(may_be_call("  <tool") && may_be_call("{") && may_be_call(""));
         assert!(!may_be_call("Sure") && !may_be_call("<b>"));
+    }
+
+    #[test]
+    fn required_calls_stream_as_they_are_written() {
+        let full = r#"[{"name": "get_weather", "parameters": {"city": "Pa]{ris\"", "n": [1, {"x": 2}]}}, {"name": "t", "parameters": 7}, {"name": "s", "parameters": "a}b"}]"#;
+        // Any split of the text gives the same calls, fragment by fragment.
+        for step in [1, 2, 3, 7, 1000] {
+            let mut r = RequiredCalls::default();
+            let mut calls: Vec<(String, String)> = Vec::new();
+            let chars: Vec<char> = full.chars().collect();
+            for chunk in chars.chunks(step) {
+                for f in r.push(&chunk.iter().collect::<String>()) {
+                    if let Some(n) = f.name {
+                        assert_eq!(f.index, calls.len());
+                        calls.push((n, String::new()));
+                    }
+                    calls[f.index].1.push_str(&f.arguments);
+                }
+            }
+            assert_eq!(
+                calls,
+                vec![
+                    ("get_weather".to_string(), r#"{"city": "Pa]{ris\"", "n": [1, {"x": 2}]}"#.to_string()),
+                    ("t".to_string(), "7".to_string()),
+                    ("s".to_string(), r#""a}b""#.to_string())
+                ],
+                "step {step}"
+            );
+            assert_eq!(r.started(), 3);
+        }
+        // Not the layout: nothing is started.
+        let mut r = RequiredCalls::default();
+        assert!(r.push("{\"oops\": 1}").is_empty());
+        assert_eq!(r.started(), 0);
     }
 
     #[test]
