@@ -153,13 +153,12 @@ impl ValidRequest {
 }
 
 /// Compiles the request's grammar (a 400 naming its parameter when llguidance rejects it).
-/// A constrained output must be able to end where its grammar does: `ignore_eos` and
-/// `min_tokens` are refused with one.
+/// A constrained output ends where its grammar does: `ignore_eos` does not extend it (the
+/// request ends once the grammar is complete or its end-of-sequence token is taken, so
+/// benchmarks that always send `ignore_eos` still work), and `min_tokens`, which would forbid
+/// the only token a complete grammar allows, is refused.
 fn compile_grammar(g: Option<GrammarRequest>, p: &GenParams, l: &Loaded) -> Result<Option<Constraint>, ApiError> {
     let Some(g) = g else { return Ok(None) };
-    if p.ignore_eos {
-        return Err(ApiError::param("ignore_eos", format!("ignore_eos cannot be combined with {}: the output ends where its grammar does", g.param)));
-    }
     if p.min_tokens > 0 {
         return Err(ApiError::param("min_tokens", format!("min_tokens cannot be combined with {}: the output ends where its grammar does", g.param)));
     }
