@@ -128,6 +128,12 @@ pub struct SmoothConfig {
     /// feed limit's share of the machine is multiplied by this (infinite: no step-time limit,
     /// [`Smooth::feed_cap`]). The key `capped_slack` sets it for the ablation (docs/sim).
     pub capped_slack: f64,
+    /// Experimental (key `end_by_benefit`, off by default; docs/sim): under a capped penalty,
+    /// end a running stream that is past the cap when a waiting request would turn the machine
+    /// time of its next tokens into more benefit: its expected tokens per second of step time
+    /// (the chance its client stays to its end, from the learned patience, over its decode
+    /// cost with its whole context) below a fresh stream's.
+    pub end_by_benefit: bool,
 }
 
 impl Default for SmoothConfig {
@@ -142,6 +148,7 @@ impl Default for SmoothConfig {
             feed_quantile: 0.9,
             race: true,
             capped_slack: f64::INFINITY,
+            end_by_benefit: false,
         }
     }
 }
@@ -476,6 +483,35 @@ impl Smooth {
     }
 }
 
+impl Smooth {
+    /// See [`SmoothConfig::end_by_benefit`].
+    fn end_by_benefit(ctx: &PolicyContext<'_>, c: &CostCoeffs, out: &mut Decisions) {
+        let Penalty::Capped(cap) = ctx.slo.penalty else { return };
+        let Some(w) = ctx.waiting.first() else { return };
+        let now = ctx.now;
+        // The decode step as it runs now; every stream gets one token a step.
+        let step = c.base_s + ctx.running.iter().filter(|v| v.uncomputed() == 1).map(|v| slice_cost(c, v.num_computed, 1)).sum::<f64>();
+        // A fresh stream's machine time per token: its decodes near its prompt, and its prefill
+        // spread over its expected output.
+        let n_w = ctx.expected_remaining(w).max(1.0);
+        let fresh = slice_cost(c, w.prompt_len, 1) + slice_cost(c, 0, w.uncomputed().max(2)) / n_w;
+        let mut ended = 0;
+        for v in ctx.running.iter().filter(|v| v.uncomputed() == 1 && v.max_lateness >= cap) {
+            if ended >= ctx.waiting.len() {
+                break;
+            }
+            let late_now = v.max_lateness.max(now - v.next_deadline());
+            let growth = (step - 1.0 / v.class.reading_rate).max(0.0);
+            let late_end = late_now + ctx.expected_remaining(v) * growth;
+            let stays = ctx.patience.stays(late_now, late_end);
+            if stays * fresh < slice_cost(c, v.num_computed, 1) {
+                out.drop.push(v.id);
+                ended += 1;
+            }
+        }
+    }
+}
+
 impl Policy for Smooth {
     fn name(&self) -> &'static str {
         match (self.cfg.admission, self.cfg.feed_limit) {
@@ -548,6 +584,9 @@ impl Policy for Smooth {
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
         let now = ctx.now;
         let c = ctx.cost.effective();
+        if self.cfg.end_by_benefit {
+            Self::end_by_benefit(ctx, &c, out);
+        }
         self.ready.clear();
         self.cands.clear();
         let mut kv_dec = 0;
