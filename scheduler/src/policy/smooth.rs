@@ -811,6 +811,35 @@ mod tests {
         d
     }
 
+    /// The experimental `end_by_benefit`: under a capped penalty, a stream past the cap whose
+    /// next tokens cost more machine time than a waiting request's would is ended; never a
+    /// stream inside the cap, never without a waiting request, never under another penalty,
+    /// never with the key off.
+    #[test]
+    fn end_by_benefit_ends_only_costly_streams_past_the_cap() {
+        let mut long = seq(1, 0.0, 2000, 100, 1.0);
+        long.max_lateness = 30.0;
+        let fresh_ctx_past_cap = {
+            let mut v = seq(2, 0.0, 2000, 100, 1.0);
+            v.max_lateness = 1.0;
+            v
+        };
+        let waiting = [seq(3, 50.0, 40, 0, 1.0)];
+        let running = [long, fresh_ctx_past_cap];
+        let decide = |on: bool, penalty: Penalty, waiting: &[SeqView]| {
+            let (cost, lengths, patience) = (cost(), LengthModel::default(), PatienceModel::default());
+            let slo = SloParams { penalty, ..SloParams::default() };
+            let ctx = context(&running, waiting, 60.0, (&cost, &lengths, &patience, &slo));
+            let mut d = Decisions::default();
+            Smooth::new(SmoothConfig { end_by_benefit: on, ..SmoothConfig::default() }).plan(&ctx, &mut d);
+            d.drop
+        };
+        assert_eq!(decide(true, Penalty::Capped(5.0), &waiting), vec![1]);
+        assert!(decide(false, Penalty::Capped(5.0), &waiting).is_empty());
+        assert!(decide(true, Penalty::Linear, &waiting).is_empty());
+        assert!(decide(true, Penalty::Capped(5.0), &[]).is_empty());
+    }
+
     /// A heavy newcomer behind a batch full of light streams is predicted to start when the
     /// first of them is likely to end, not at the soonest expected end; a newcomer as light as
     /// the batch keeps the sorted estimate, and so does everyone without the race.
