@@ -65,34 +65,32 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// A body that is JSON but does not fit the request type: a 400 naming the field.
 fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
-    {
-        let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
-        let join = |field: &str| {
-            if path == "." || path.is_empty() {
-                field.to_string()
-            } else if path == field || path.ends_with(&format!(".{field}")) {
-                path.clone()
-            } else {
-                format!("{path}.{field}")
-            }
-        };
-        if let Some(field) = unknown_field(&inner) {
-            let param = join(field);
-            if VLLM_ONLY.contains(&field) && param == field {
-                return ApiError::invalid(format!("'{param}' is a vLLM extension that pace does not support"), Some(param));
-            }
-            return ApiError::invalid(format!("Unrecognized request argument supplied: {param}"), Some(param));
+    let path = e.path().to_string();
+    let inner = e.into_inner().to_string();
+    let join = |field: &str| {
+        if path == "." || path.is_empty() {
+            field.to_string()
+        } else if path == field || path.ends_with(&format!(".{field}")) {
+            path.clone()
+        } else {
+            format!("{path}.{field}")
         }
-        if let Some(field) = missing_field(&inner) {
-            let param = join(field);
-            return ApiError::invalid(format!("Missing required parameter: '{param}'."), Some(param));
+    };
+    if let Some(field) = unknown_field(&inner) {
+        let param = join(field);
+        if VLLM_ONLY.contains(&field) && param == field {
+            return ApiError::invalid(format!("'{param}' is a vLLM extension that pace does not support"), Some(param));
         }
-        let param = if path == "." { None } else { Some(path.clone()) };
-        // serde's message ends with " at line L column C"; drop that.
-        let msg = inner.split(" at line ").next().unwrap_or(&inner).to_string();
-        ApiError::invalid(format!("Invalid value for '{path}': {msg}"), param)
+        return ApiError::invalid(format!("Unrecognized request argument supplied: {param}"), Some(param));
     }
+    if let Some(field) = missing_field(&inner) {
+        let param = join(field);
+        return ApiError::invalid(format!("Missing required parameter: '{param}'."), Some(param));
+    }
+    let param = if path == "." { None } else { Some(path.clone()) };
+    // serde's message ends with " at line L column C"; drop that.
+    let msg = inner.split(" at line ").next().unwrap_or(&inner).to_string();
+    ApiError::invalid(format!("Invalid value for '{path}': {msg}"), param)
 }
 
 /// Request fields vLLM's API takes that pace does not: a 400 that says so, rather than

@@ -389,6 +389,23 @@ enum CallState {
     Done,
 }
 
+/// Whether text starts with a literal: yes, not yet (a prefix of it so far), or no.
+enum Literal {
+    Yes,
+    NotYet,
+    No,
+}
+
+fn literal(text: &str, lit: &str) -> Literal {
+    if text.starts_with(lit) {
+        Literal::Yes
+    } else if lit.starts_with(text) {
+        Literal::NotYet
+    } else {
+        Literal::No
+    }
+}
+
 /// One fragment of a streamed call: a new call (`name` set) or more of its arguments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallFragment {
@@ -409,28 +426,23 @@ impl RequiredCalls {
                 CallState::Head => {
                     let open = if self.calls == 0 { "[{\"name\": \"" } else { ", {\"name\": \"" };
                     let close = "\", \"parameters\": ";
-                    if rest.len() < open.len() {
-                        if !open.starts_with(rest) {
+                    match literal(rest, open) {
+                        Literal::Yes => {}
+                        Literal::NotYet => break,
+                        Literal::No => {
                             self.state = CallState::Done;
+                            break;
                         }
-                        break;
-                    }
-                    if !rest.starts_with(open) {
-                        self.state = CallState::Done;
-                        break;
                     }
                     let Some(end) = rest[open.len()..].find('"') else { break };
                     let name = rest[open.len()..open.len() + end].to_string();
-                    let after = &rest[open.len() + end..];
-                    if after.len() < close.len() {
-                        if !close.starts_with(after) {
+                    match literal(&rest[open.len() + end..], close) {
+                        Literal::Yes => {}
+                        Literal::NotYet => break,
+                        Literal::No => {
                             self.state = CallState::Done;
+                            break;
                         }
-                        break;
-                    }
-                    if !after.starts_with(close) {
-                        self.state = CallState::Done;
-                        break;
                     }
                     self.pos += open.len() + end + close.len();
                     out.push(CallFragment { index: self.calls, name: Some(name), arguments: String::new() });
