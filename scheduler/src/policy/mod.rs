@@ -186,8 +186,17 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 8] =
-    ["horizon_steps", "admit_max_loss", "starvation_s", "min_chunk_fraction", "feed_quantile", "race", "capped_slack", "end_by_benefit"];
+pub const SMOOTH_KEYS: [&str; 9] = [
+    "horizon_steps",
+    "admit_max_loss",
+    "starvation_s",
+    "min_chunk_fraction",
+    "feed_quantile",
+    "race",
+    "capped_slack",
+    "end_by_benefit",
+    "displace",
+];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
 /// [`SMOOTH_KEYS`]; fractions in `[0, 1]`, the others finite and non-negative). `None` if any
@@ -206,6 +215,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "race" => c.race = v > 0.0,
             "capped_slack" if v >= 1.0 => c.capped_slack = v,
             "end_by_benefit" => c.end_by_benefit = v > 0.0,
+            "displace" => c.displace = v > 0.0,
             _ => return None,
         }
     }

@@ -134,6 +134,15 @@ pub struct SmoothConfig {
     /// (the chance its client stays to its end, from the learned patience, over its decode
     /// cost with its whole context) below a fresh stream's.
     pub end_by_benefit: bool,
+    /// Under priorities (key `displace`, 0 turns it off for the ablation): the door weighs what a refusal makes room
+    /// for. Under overload an admitted request displaces a later one, and the one displaced is
+    /// the lightest still competing (running or queued), not one of its own weight: a request
+    /// is refused when its weighted benefit at the predicted wait falls below that lightest
+    /// request's benefit served with the queueing margin. And while the feed limit holds some of
+    /// the queue back, the places it frees go to the heaviest waiting first (queue order within
+    /// a weight), the order the door's prediction assumes. With one weight both are the plain
+    /// door and the plain order.
+    pub displace: bool,
 }
 
 impl Default for SmoothConfig {
@@ -149,6 +158,7 @@ impl Default for SmoothConfig {
             race: true,
             capped_slack: f64::INFINITY,
             end_by_benefit: false,
+            displace: true,
         }
     }
 }
@@ -161,6 +171,8 @@ pub struct Smooth {
     ready: Vec<(f64, usize)>,
     /// Prefill candidates: (priority key, is running, index).
     cands: Vec<(f64, bool, usize)>,
+    /// The waiting candidates, reordered by weight (see [`SmoothConfig::displace`]).
+    queued: Vec<(f64, bool, usize)>,
     /// Preemption order scratch: (loss per block freed, slack, id).
     victims: Vec<(f64, f64, u64)>,
     /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
@@ -572,7 +584,14 @@ impl Policy for Smooth {
         // alone on an idle machine (nothing ahead of it) is served, as no policy can do better
         // for it and turning it away only makes its client come back to the same answer.
         let waits = queue_loss > 0.0;
-        if !closed_loop && waits && (benefit(idle) < 0.0 || (bound && queue_loss > max_loss)) {
+        let displaced = if self.cfg.displace {
+            // The lightest request competing is the one a refusal makes room for.
+            let w_ref = ctx.running.iter().chain(ctx.waiting).map(|v| v.class.weight).fold(req.class.weight, f64::min);
+            req.class.weight * benefit(idle) < w_ref * (benefit(idle_alone) - max_loss)
+        } else {
+            queue_loss > max_loss
+        };
+        if !closed_loop && waits && (benefit(idle) < 0.0 || (bound && displaced)) {
             let base = slo.alpha * slo.penalty.apply(idle_alone);
             let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
             // (An hour at most: a prediction that far out is no promise.)
@@ -614,6 +633,32 @@ impl Policy for Smooth {
             };
         }
         self.cands.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        // The feed limit: a waiting request starts only while every running stream and it can
+        // be kept at their readers' rates (an idle server always starts one).
+        let feed_cap = self.feed_cap(ctx);
+        let kv_cap = self.kv_cap(ctx);
+        let kappa = prefill_per_token(&c, ctx, None);
+        let mut feed = Self::running_feed(ctx, kappa);
+        let bound = || {
+            let all = ctx.waiting.iter().fold(feed, |f, v| {
+                let rem = ctx.expected_remaining(v);
+                f.with(v.class.reading_rate, Feed::share(&c, v, rem, kappa), Feed::blocks(ctx, v, rem))
+            });
+            all.over(c.base_s, feed_cap, kv_cap) || ctx.running.len() + ctx.waiting.len() > ctx.max_num_seqs
+        };
+        let mixed = ctx.waiting.windows(2).any(|w| w[0].class.weight != w[1].class.weight);
+        if self.cfg.displace && mixed && bound() {
+            // When the feed limit holds some of the queue back, the places it frees go to the
+            // heaviest waiting first (queue order within a weight): the door predicted their
+            // starts so. Running prompts keep their places.
+            self.queued.clear();
+            self.queued.extend(self.cands.iter().filter(|c| !c.1).copied());
+            self.queued.sort_by(|a, b| ctx.waiting[b.2].class.weight.total_cmp(&ctx.waiting[a.2].class.weight));
+            let mut next = self.queued.iter();
+            for c in self.cands.iter_mut().filter(|c| !c.1) {
+                *c = *next.next().expect("as many queued as waiting candidates");
+            }
+        }
         self.ready.sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(Ordering::Equal));
 
         let horizon = self.cfg.horizon_steps * t_full;
@@ -637,12 +682,6 @@ impl Policy for Smooth {
         };
 
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
-        // The feed limit: a waiting request starts only while every running stream and it can
-        // be kept at their readers' rates (an idle server always starts one).
-        let feed_cap = self.feed_cap(ctx);
-        let kv_cap = self.kv_cap(ctx);
-        let kappa = prefill_per_token(&c, ctx, None);
-        let mut feed = Self::running_feed(ctx, kappa);
         let mut feed_full = false;
         let mut next_cand = 0;
         let mut partial: Option<(usize, usize)> = None; // (grant index, tokens granted) of a cut chunk
@@ -952,6 +991,43 @@ mod tests {
         let mut smooth = Smooth::new(SmoothConfig::default());
         assert!(smooth.admit(&req, &ctx(&[])).is_ok());
         assert!(smooth.admit(&req, &ctx(&queue)).is_err());
+    }
+
+    /// Under overload a heavy newcomer displaces a light request, not one of its own weight: with
+    /// a batch full of light streams, the heavy one is admitted where the plain door (`displace`
+    /// off) refuses it for the same predicted wait, and a light newcomer is refused either way.
+    #[test]
+    fn a_heavy_newcomer_is_weighed_against_the_light_request_it_displaces() {
+        let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let running: Vec<SeqView> = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
+        let waiting: Vec<SeqView> = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
+        let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
+        let admit = |displace: bool, weight: f64| {
+            let mut s = Smooth::new(SmoothConfig { displace, race: false, ..SmoothConfig::default() });
+            s.admit(&seq(1000, 10.0, 40, 0, weight), &ctx)
+        };
+        assert!(admit(false, 4.0).is_err(), "the plain door refuses the heavy newcomer here");
+        assert!(admit(true, 4.0).is_ok());
+        assert!(admit(true, 1.0).is_err() && admit(false, 1.0).is_err());
+    }
+
+    /// While the feed limit holds the queue back, the place a finishing stream frees goes to the
+    /// heaviest waiting request, though a light one with a shorter prompt comes first in the
+    /// prefill order; with room for both, the prefill order (prefill time over weight) stands.
+    #[test]
+    fn a_full_batch_starts_the_heaviest_waiting_first() {
+        let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let waiting = [seq(1, 0.0, 10, 0, 1.0), seq(2, 0.5, 400, 0, 4.0)];
+        let first = |displace: bool, max_num_seqs: usize| {
+            let mut ctx = context(&[], &waiting, 1.0, (&cost, &lengths, &patience, &slo));
+            ctx.max_num_seqs = max_num_seqs;
+            let mut d = Decisions::default();
+            Smooth::new(SmoothConfig { displace, ..SmoothConfig::default() }).plan(&ctx, &mut d);
+            d.grants.iter().map(|g| g.id).collect::<Vec<_>>()
+        };
+        assert_eq!(first(true, 1), vec![2]);
+        assert_eq!(first(false, 1), vec![1]);
+        assert_eq!(first(true, 2), first(false, 2));
     }
 
     /// A stream already late owes its lateness whether it is preempted or not. Under a 1 s cap,
