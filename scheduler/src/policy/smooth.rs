@@ -134,8 +134,8 @@ pub struct SmoothConfig {
     /// (the chance its client stays to its end, from the learned patience, over its decode
     /// cost with its whole context) below a fresh stream's.
     pub end_by_benefit: bool,
-    /// Under priorities (key `displace`, 0 turns it off for the ablation): the door weighs what a refusal makes room
-    /// for. Under overload an admitted request displaces a later one, and the one displaced is
+    /// Under priorities (key `displace`, 0 turns it off for the ablation): the door weighs what
+    /// a refusal makes room for. Under overload an admitted request displaces a later one, and the one displaced is
     /// the lightest still competing (running or queued), not one of its own weight: a request
     /// is refused when its weighted benefit at the predicted wait falls below that lightest
     /// request's benefit served with the queueing margin. And while the feed limit holds some of
@@ -356,6 +356,12 @@ impl Feed {
 
     fn with(&self, q: f64, share: f64, kv: f64) -> Feed {
         self.with_weight(q, share, kv, 1.0)
+    }
+
+    /// With waiting request `v` started, for its expected remaining output.
+    fn with_waiting(&self, ctx: &PolicyContext<'_>, c: &CostCoeffs, v: &SeqView, kappa: f64) -> Feed {
+        let rem = ctx.expected_remaining(v);
+        self.with(v.class.reading_rate, Feed::share(c, v, rem, kappa), Feed::blocks(ctx, v, rem))
     }
 
     fn with_weight(&self, q: f64, share: f64, kv: f64, p: f64) -> Feed {
@@ -640,10 +646,7 @@ impl Policy for Smooth {
         let kappa = prefill_per_token(&c, ctx, None);
         let mut feed = Self::running_feed(ctx, kappa);
         let bound = || {
-            let all = ctx.waiting.iter().fold(feed, |f, v| {
-                let rem = ctx.expected_remaining(v);
-                f.with(v.class.reading_rate, Feed::share(&c, v, rem, kappa), Feed::blocks(ctx, v, rem))
-            });
+            let all = ctx.waiting.iter().fold(feed, |f, v| f.with_waiting(ctx, &c, v, kappa));
             all.over(c.base_s, feed_cap, kv_cap) || ctx.running.len() + ctx.waiting.len() > ctx.max_num_seqs
         };
         let mixed = ctx.waiting.windows(2).any(|w| w[0].class.weight != w[1].class.weight);
@@ -654,9 +657,8 @@ impl Policy for Smooth {
             self.queued.clear();
             self.queued.extend(self.cands.iter().filter(|c| !c.1).copied());
             self.queued.sort_by(|a, b| ctx.waiting[b.2].class.weight.total_cmp(&ctx.waiting[a.2].class.weight));
-            let mut next = self.queued.iter();
-            for c in self.cands.iter_mut().filter(|c| !c.1) {
-                *c = *next.next().expect("as many queued as waiting candidates");
+            for (c, q) in self.cands.iter_mut().filter(|c| !c.1).zip(&self.queued) {
+                *c = *q;
             }
         }
         self.ready.sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(Ordering::Equal));
@@ -712,8 +714,7 @@ impl Policy for Smooth {
                 // kept), but running prompts still progress.
                 let mut started = None;
                 if !running {
-                    let rem = ctx.expected_remaining(v);
-                    let with = feed.with(v.class.reading_rate, Feed::share(&c, v, rem, kappa), Feed::blocks(ctx, v, rem));
+                    let with = feed.with_waiting(ctx, &c, v, kappa);
                     if feed_full || slots == 0 || (!feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap)) {
                         feed_full = true;
                         next_cand += 1;
