@@ -3,7 +3,8 @@
 // block sizes 16 and 32, GQA groups 1 to 9 (more than a block's 8 heads), decode and prefill
 // chunks in one batch, split-K partitions, caches full of NaN outside the written slots, and
 // prefix caching's block tables: sequences whose leading blocks are the same physical blocks,
-// written once by the first of them, the others computing only the positions after them.
+// written once by the first of them, the others computing only the positions after them; and
+// the greedy argmax kernels (sample.cu) against the CPU sampler's rule on ties, NaN and infinities.
 //
 // Build: c++ -std=c++17 -O2 -DPACE_EMU -I kernels/cuda kernels/cuda/emu_test.cpp
 // Usage: emu_test [quick]   (exit status 0 when every case is within tolerance)
@@ -17,6 +18,7 @@
 #include "attention.cu"
 #include "attention_mma.cu"
 #include "cache.cu"
+#include "sample.cu"
 
 namespace {
 
@@ -353,6 +355,84 @@ bool check(const Case& c, Mode mode, const std::vector<float>& got, const std::v
     return bad == 0;
 }
 
+// The reference of the argmax kernels: the CPU sampler's rule (highest value, lowest index on
+// ties, NaN never chosen, 0 for a row of nothing else).
+uint32_t argmax_reference(const std::vector<float>& row) {
+    uint32_t at = 0;
+    float best = -INFINITY;
+    bool found = false;
+    for (uint32_t i = 0; i < row.size(); ++i) {
+        if (row[i] > best) {
+            best = row[i];
+            at = i;
+            found = true;
+        }
+    }
+    return found ? at : 0;
+}
+
+// Rows with ties (the maximum repeated in several threads' slices and warps), NaN, infinities and
+// rows of only -inf / NaN, in every dtype, after rounding to it.
+int check_argmax(std::mt19937_64& rng, bool quick) {
+    int failures = 0;
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    const std::vector<uint32_t> widths = quick ? std::vector<uint32_t>{1, 33, 300, 4099}
+                                               : std::vector<uint32_t>{1, 33, 300, 4099, 49152};
+    for (Dt d : {Dt::F32, Dt::BF16, Dt::F16}) {
+        for (uint32_t cols : widths) {
+            const uint32_t rows = 7;
+            std::vector<std::vector<float>> want_rows(rows);
+            std::vector<unsigned char> buf(rows * cols * size_of(d));
+            for (uint32_t r = 0; r < rows; ++r) {
+                std::vector<float> row(cols);
+                for (auto& x : row) x = round_to(d, u(rng));
+                std::uniform_int_distribution<uint32_t> pick(0, cols - 1);
+                switch (r) {
+                    case 1:  // the maximum at several places, the lowest in the last thread's slice
+                        for (int k = 0; k < 5; ++k) row[pick(rng)] = 8.0f;
+                        break;
+                    case 2:  // NaN and +inf: +inf wins, the first of two
+                        row[pick(rng)] = NAN;
+                        row[cols - 1] = INFINITY;
+                        row[cols / 2] = INFINITY;
+                        break;
+                    case 3:  // nothing but -inf and NaN: index 0
+                        for (uint32_t i = 0; i < cols; ++i) row[i] = i % 3 ? -INFINITY : NAN;
+                        break;
+                    case 4:  // NaN first, then all equal: the lowest non-NaN index
+                        for (auto& x : row) x = 1.0f;
+                        row[0] = NAN;
+                        break;
+                    case 5:  // ties that bf16 rounding makes: values that differ below its precision
+                        for (uint32_t i = 0; i < cols; ++i) row[i] = round_to(d, 3.0f + 1e-4f * (float)(i % 7));
+                        break;
+                    default:
+                        break;
+                }
+                for (uint32_t i = 0; i < cols; ++i) put(buf, d, r * cols + i, row[i]);
+                for (auto& x : row) x = std::isnan(x) ? x : round_to(d, x);
+                want_rows[r] = row;
+            }
+            std::vector<uint32_t> got(rows, 12345);
+            const void* src = buf.data();
+            emu::launch(dim3(rows), dim3(pace::ARGMAX_THREADS), [&] {
+                if (d == Dt::F32) pace::argmax_row<pace::F32>((const float*)src, got.data(), cols);
+                else if (d == Dt::BF16) pace::argmax_row<pace::BF16>((const uint16_t*)src, got.data(), cols);
+                else pace::argmax_row<pace::F16>((const uint16_t*)src, got.data(), cols);
+            });
+            for (uint32_t r = 0; r < rows; ++r) {
+                const uint32_t want = argmax_reference(want_rows[r]);
+                if (got[r] != want) {
+                    std::printf("FAIL argmax %s cols %u row %u: got %u, want %u\n", name(d), cols, r, got[r], want);
+                    ++failures;
+                }
+            }
+        }
+    }
+    std::printf("%s: argmax, %d failing row(s)\n", failures ? "FAIL" : "PASS", failures);
+    return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -382,6 +462,7 @@ int main(int argc, char** argv) {
             if (s.cache != Dt::F32 && s.d <= 128) failures += !check(c, Mode::Mma, run(c, dev, Mode::Mma), want);
         }
     }
+    failures += check_argmax(rng, quick);
     std::printf("%s: %d failing case(s)\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

@@ -7,6 +7,8 @@
 //!   `kernels/cuda/*.cu`, compiled by build.rs, launched from the private `cuda` module).
 //! - [`device`]: the few device questions the engine asks (is CUDA built in, free memory, a
 //!   device's name), answered without `#[cfg]` at the call sites.
+//! - [`sample`]: greedy token choice with one tie rule on every device (`argmax_rows`: a CPU
+//!   forward and the GPU kernel of kernels/cuda/sample.cu).
 
 pub mod attention;
 #[cfg(feature = "cuda")]
@@ -14,6 +16,7 @@ mod cuda;
 pub mod device;
 pub mod elementwise;
 pub mod quant;
+pub mod sample;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 

@@ -29,6 +29,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use pace_kernels::sample::argmax;
 use pace_scheduler::SampledToken;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -492,43 +493,6 @@ fn nucleus_len(keys: &mut [u64], w: &[f32], need: f64) -> usize {
     hi.max(1)
 }
 
-/// Index of the highest logit, lowest index on ties, NaN never chosen; one pass in eight
-/// lanes so it vectorises.
-fn argmax(logits: &[f32]) -> u32 {
-    const L: usize = 8;
-    let mut best = [f32::NEG_INFINITY; L];
-    let mut at = [u32::MAX; L];
-    let chunks = logits.chunks_exact(L);
-    let tail = chunks.remainder();
-    for (c, chunk) in chunks.enumerate() {
-        for j in 0..L {
-            let better = chunk[j] > best[j];
-            best[j] = if better { chunk[j] } else { best[j] };
-            at[j] = if better { (c * L + j) as u32 } else { at[j] };
-        }
-    }
-    let base = logits.len() - tail.len();
-    let mut b = f32::NEG_INFINITY;
-    let mut i = u32::MAX;
-    for (j, &x) in tail.iter().enumerate() {
-        if x > b {
-            b = x;
-            i = (base + j) as u32;
-        }
-    }
-    for j in 0..L {
-        if best[j] > b || (best[j] == b && at[j] < i) {
-            b = best[j];
-            i = at[j];
-        }
-    }
-    if i == u32::MAX {
-        0 // all -inf or NaN
-    } else {
-        i
-    }
-}
-
 /// `exp(x)` for `x <= 0` in f32, branch-free so loops over it vectorise: range reduction to
 /// `2^n * exp(r)`, |r| <= ln2/2, and a degree-6 Taylor polynomial (relative error < 2e-7).
 /// Below -87 (and -inf) it is 0.
@@ -617,12 +581,6 @@ mod tests {
     #[test]
     fn selection_helpers() {
         let l = [0.5, 2.0, -1.0, 2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, f32::NAN];
-        assert_eq!(argmax(&l), 1);
-        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
-        assert_eq!(
-            argmax(&[0.0; 20].iter().chain(&[1.0]).copied().collect::<Vec<_>>()),
-            20
-        );
         assert_eq!(top_n(&l, 3), vec![(1, 2.0), (3, 2.0), (9, 2.0)]);
         assert_eq!(top_n(&l, 0), vec![]);
         let mut keys: Vec<u64> = l[..5]
