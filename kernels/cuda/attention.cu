@@ -29,6 +29,29 @@ constexpr int SIMT_WARPS = 4;
 constexpr int SIMT_THREADS = 32 * SIMT_WARPS;
 constexpr int TILE = 32;          // keys per warp step
 constexpr int MAX_PARTS = 1024;   // partitions the reduce kernel can merge
+// Blocks of SIMT_THREADS each SM should keep resident (__launch_bounds__' second argument, which
+// caps registers at 65536 / (128 x blocks)). Decode attention waits on memory, so more resident
+// warps hide more latency. Each value is the most ptxas fits without spilling for sm_80/sm_90
+// (the build records registers and spills: kernels/build.rs, -Xptxas -v): a bf16 cache with up
+// to 4 heads per KV head (Llama-3's 4:1 GQA) fits 80 registers, 6 blocks, on sm_90 (5 on
+// sm_80); f16 fits 5; wider groups (g8) need about 145 registers, 3 blocks. f32 caches (for
+// checks, not speed) spill under any bound with g4, so they have none.
+template <class C, int G>
+struct SimtOccupancy {
+    static constexpr int blocks = G <= 4 ? 5 : 3;
+};
+template <int G>
+struct SimtOccupancy<BF16, G> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static constexpr int blocks = G <= 4 ? 6 : 3;
+#else
+    static constexpr int blocks = G <= 4 ? 5 : 3;
+#endif
+};
+template <int G>
+struct SimtOccupancy<F32, G> {
+    static constexpr int blocks = G <= 4 ? 1 : 3;
+};
 constexpr uint32_t FULL = 0xffffffffu;
 
 struct Query {
@@ -275,7 +298,7 @@ PACE_DEVICE void reduce_parts(const AttnParams& p) {
 }  // namespace pace
 
 #define PACE_SIMT(C, Q, D, G, NAME)                                                         \
-    extern "C" __global__ void __launch_bounds__(pace::SIMT_THREADS) NAME(const pace::AttnParams p) { \
+    extern "C" __global__ void __launch_bounds__(pace::SIMT_THREADS, pace::SimtOccupancy<pace::C, G>::blocks) NAME(const pace::AttnParams p) { \
         pace::attend_simt<pace::C, pace::Q, D, G>(p);                                       \
     }
 #define PACE_SIMT_D(C, Q, c, q)                         \

@@ -196,13 +196,13 @@ PACE_DEVICE void cp_async16(void* smem, const void* gmem) {
     memcpy(smem, gmem, 16);
 #else
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 #endif
 }
 
 PACE_DEVICE void cp_async_commit() {
 #ifndef PACE_EMU
-    asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 
@@ -210,7 +210,7 @@ PACE_DEVICE void cp_async_commit() {
 template <int N>
 PACE_DEVICE void cp_async_wait() {
 #ifndef PACE_EMU
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, DeviceId, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Shape, Tensor};
@@ -30,6 +31,9 @@ use crate::attention::meta::{AttnOptions, CacheGeometry, PagedAttentionMeta};
 static CACHE_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cache.fatbin"));
 static SIMT_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 static MMA_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention_mma.fatbin"));
+static SAMPLE_FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sample.fatbin"));
+/// ptxas's registers, spills and shared memory per kernel and architecture, recorded by build.rs.
+pub(crate) static PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas.tsv"));
 
 /// Prefill chunks at least this long go to the tensor-core kernel.
 pub const MMA_MIN_QUERIES: usize = 8;
@@ -91,7 +95,7 @@ unsafe impl DeviceRepr for CacheParams {}
 
 /// The kernels, loaded on one device.
 struct Kernels {
-    modules: [Arc<CudaModule>; 3],
+    modules: [Arc<CudaModule>; 4],
     functions: Mutex<HashMap<String, CudaFunction>>,
     num_sms: usize,
 }
@@ -124,7 +128,7 @@ fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
         .attribute(candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .w()? as usize;
     let k = Arc::new(Kernels {
-        modules: [load(CACHE_FATBIN)?, load(SIMT_FATBIN)?, load(MMA_FATBIN)?],
+        modules: [load(CACHE_FATBIN)?, load(SIMT_FATBIN)?, load(MMA_FATBIN)?, load(SAMPLE_FATBIN)?],
         functions: Mutex::new(HashMap::new()),
         num_sms: num_sms.max(1),
     });
@@ -423,6 +427,36 @@ pub(crate) fn paged_attention(
     Ok((out, Shape::from((t, heads, d))))
 }
 
+/// The greedy token of each row of `[rows, cols]` logits (kernels/cuda/sample.cu).
+pub(crate) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let (rows, cols) = l.shape().dims2()?;
+    let name = match s.dtype() {
+        DType::F32 => "argmax_f32",
+        DType::F16 => "argmax_f16",
+        DType::BF16 => "argmax_bf16",
+        other => bail!("argmax_rows on CUDA: dtype {other:?} is not supported (f32, f16, bf16)"),
+    };
+    if cols > u32::MAX as usize || rows > i32::MAX as usize {
+        bail!("argmax_rows: {rows} x {cols} logits are too many");
+    }
+    let dev = s.device.clone();
+    let k = kernels(&dev)?;
+    let func = k.function(3, name)?;
+    let src = address(s, l, "argmax_rows: logits")?;
+    // SAFETY: the kernel writes every one of the `rows` elements before anything reads them.
+    let out = unsafe { dev.alloc::<u32>(rows.max(1))? };
+    if rows > 0 {
+        let dst = slice_address(&out, &dev);
+        let cols = cols as u32;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let stream = dev.cuda_stream();
+        // SAFETY: `src` holds rows x cols contiguous elements of the kernel's dtype and `dst`
+        // `rows` u32s; the kernel reads and writes nothing else.
+        unsafe { stream.launch_builder(&func).arg(&src).arg(&dst).arg(&cols).launch(cfg) }.w()?;
+    }
+    Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
+}
+
 /// Free and total memory of a CUDA device, in bytes.
 pub(crate) fn memory_info(dev: &Device) -> Option<(usize, usize)> {
     match dev {
@@ -431,21 +465,143 @@ pub(crate) fn memory_info(dev: &Device) -> Option<(usize, usize)> {
     }
 }
 
-/// Prepares a freshly created CUDA device for pace: per-allocation event tracking off (pace
-/// runs every op of a device on one stream per thread and synchronizes after loading, so the
-/// events would only cost two driver calls per allocation), and the kernels loaded.
+/// Opens CUDA device `ordinal` for pace: one stream of its own that every thread launches on
+/// (see [`prepare`]), pace's kernels loaded.
+pub(crate) fn open(ordinal: usize) -> Result<Device> {
+    let dev = Device::new_cuda_with_stream(ordinal)?;
+    prepare(&dev)?;
+    Ok(dev)
+}
+
+/// Prepares a CUDA device for pace: checks that it runs on one explicit stream, turns
+/// per-allocation event tracking off and loads the kernels.
+///
+/// One stream, because a step's work is issued from more than one host thread (the engine
+/// thread uploads the step's inputs and copies the tokens back; start-up and gpu-check time steps
+/// from theirs). candle's `Device::new_cuda` gives each host thread its own per-thread default
+/// stream, and nothing would order those: the argmax could read logits before the output layer
+/// wrote them, a step's attention could read KV slots the step before had not yet written, and a
+/// freed buffer could be reused while a kernel still read it. On one stream, launches run in the
+/// order the host issued them, whichever thread issued them. Event tracking would only order
+/// tensors between streams, so with one stream it costs two driver calls per allocation for
+/// nothing.
 pub(crate) fn prepare(dev: &Device) -> Result<()> {
     if let Device::Cuda(d) = dev {
-        // SAFETY: see above: no tensor is shared between streams without a synchronize.
+        let raw = d.cuda_stream().cu_stream() as usize;
+        if let Some(why) = crate::device::shared_stream_problem(raw) {
+            bail!("{why}: create the device with Device::new_cuda_with_stream (pace_kernels::device::open_cuda)");
+        }
+        // SAFETY: see above: every tensor of this device lives on its one stream.
         unsafe { d.disable_event_tracking() };
         kernels(d)?;
     }
     Ok(())
 }
 
+/// Waits until every stream of the device's context has finished its work.
+pub(crate) fn synchronize(dev: &Device) -> Result<()> {
+    if let Device::Cuda(d) = dev {
+        d.cuda_stream().context().synchronize().w()?;
+    }
+    Ok(())
+}
+
+/// GPU time between two events recorded on the device's stream around `f`, with the host time
+/// `f` took to return (the enqueue time when `f` does not wait on the GPU).
+pub(crate) fn time_on_gpu<R, E: From<candle_core::Error>>(
+    d: &CudaDevice,
+    f: impl FnOnce() -> std::result::Result<R, E>,
+) -> std::result::Result<(R, f64, f64), E> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+    let stream = d.cuda_stream();
+    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).w()?;
+    let t0 = std::time::Instant::now();
+    let r = f()?;
+    let host = t0.elapsed().as_secs_f64();
+    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).w()?;
+    let ms = start.elapsed_ms(&end).w()?;
+    Ok((r, host, ms as f64 / 1e3))
+}
+
+/// A captured and instantiated CUDA graph of one step's work.
+pub(crate) struct Captured {
+    graph: candle_core::cuda_backend::cudarc::driver::CudaGraph,
+    pub counts: crate::device::GraphCounts,
+}
+
+impl Captured {
+    /// Launches the graph on the stream it was captured from.
+    pub fn replay(&self) -> Result<()> {
+        self.graph.launch().w()
+    }
+}
+
+/// Captures what `f` launches on the device's stream into a CUDA graph (relaxed mode), counts its
+/// nodes and launches it once. The capture always ends, whatever `f` returned.
+///
+/// Memory the captured work allocates (the stream-ordered allocations candle makes) becomes the
+/// graph's own: it exists only once the graph has run, so the graph runs once here before `f`'s
+/// result (whose buffers are such memory) goes back to be used or dropped. The graph is
+/// instantiated to free its previous launch's allocations when launched again.
+pub(crate) fn capture<R, E: From<candle_core::Error>>(
+    d: &CudaDevice,
+    f: impl FnOnce() -> std::result::Result<R, E>,
+) -> std::result::Result<(R, Captured), E> {
+    let stream = d.cuda_stream();
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
+    let r = f();
+    let ended = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let r = r?;
+    let Some(graph) = ended.w()? else { return Err(candle_core::Error::Msg("the stream captured nothing".into()).into()) };
+    let counts = count_nodes(graph.cu_graph())?;
+    graph.launch().w()?;
+    stream.synchronize().w()?;
+    Ok((r, Captured { graph, counts }))
+}
+
+/// Nodes of a CUDA graph by kind.
+fn count_nodes(cu: sys::CUgraph) -> Result<crate::device::GraphCounts> {
+    let mut n = 0usize;
+    // SAFETY: a null node array asks for the count only; `cu` is the live graph `graph` owns.
+    let rc = unsafe { sys::cuGraphGetNodes(cu, std::ptr::null_mut(), &mut n) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        bail!("cuGraphGetNodes: {rc:?}");
+    }
+    let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` has room for the `n` nodes the call above counted.
+    let rc = unsafe { sys::cuGraphGetNodes(cu, nodes.as_mut_ptr(), &mut n) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        bail!("cuGraphGetNodes: {rc:?}");
+    }
+    let mut counts = crate::device::GraphCounts::default();
+    for &node in &nodes[..n] {
+        // Read as a plain integer: a newer driver may report kinds this binding has no variant for.
+        let mut kind: u32 = u32::MAX;
+        // SAFETY: `node` belongs to the live graph; the driver writes one 4-byte enum value.
+        let rc = unsafe { sys::cuGraphNodeGetType(node, (&mut kind as *mut u32).cast()) };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            bail!("cuGraphNodeGetType: {rc:?}");
+        }
+        match kind {
+            0 => counts.kernels += 1,
+            1 => counts.copies += 1,
+            2 => counts.memsets += 1,
+            10 => counts.allocs += 1,
+            11 => counts.frees += 1,
+            _ => counts.other += 1,
+        }
+    }
+    Ok(counts)
+}
+
+/// ptxas's record of the kernels this binary carries.
+pub(crate) fn ptxas_report() -> &'static str {
+    PTXAS_REPORT
+}
+
 /// The name of a CUDA device and its compute capability.
 pub(crate) fn describe(dev: &Device) -> Option<String> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+    use sys::CUdevice_attribute as A;
     let Device::Cuda(d) = dev else { return None };
     let ctx = d.cuda_stream().context().clone();
     let (major, minor) = ctx.compute_capability().ok()?;

@@ -134,11 +134,10 @@ pub fn parse_device(spec: &str) -> Result<Device> {
                  deploy/Dockerfile.cuda)"
             )));
         }
-        let dev = Device::new_cuda(n).map_err(|e| {
+        // One stream for every thread (pace_kernels::device::open_cuda), kernels loaded: a broken
+        // installation fails here, at start-up.
+        let dev = pace_kernels::device::open_cuda(n).map_err(|e| {
             Error::Invalid(format!("--device {spec}: CUDA device {n} is not usable ({})", first_line(&e.to_string())))
-        })?;
-        pace_kernels::device::prepare(&dev).map_err(|e| {
-            Error::Invalid(format!("--device {spec}: loading pace's CUDA kernels failed ({})", first_line(&e.to_string())))
         })?;
         let name = pace_kernels::device::describe(&dev).unwrap_or_else(|| format!("CUDA device {n}"));
         tracing::info!("using {name}");
@@ -287,8 +286,10 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
         )));
     }
     let model = Llama::load(&cfg, &loader, max_model_len)?;
-    // Weights were copied from this thread; the engine runs on another one (another stream).
-    dev.synchronize()?;
+    // Weights were copied from this thread; the engine runs on another one. Its launches share
+    // this device's one stream, so they would be ordered after the copies anyway; waiting here
+    // also makes a failed copy fail the load.
+    pace_kernels::device::synchronize(&dev)?;
     let chat_template = ChatTemplate::for_tokenizer(&tokenizer)?;
     Ok(LoadedModel { model, tokenizer, chat_template, name: source.default_name(), max_model_len, description })
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{Device, Tensor};
 use pace_kernels::attention::check_slots;
 use pace_kernels::PagedAttentionMeta;
 use pace_scheduler::{BatchPlan, RequestId, SampledToken, StepOutput};
@@ -64,8 +64,12 @@ impl ModelRunner {
             return Ok(StepOutput::default());
         }
         let input = self.prepare(plan, None)?;
-        // Run the whole forward pass on a kernel-pool thread: the kernels' parallel loops then
-        // start from inside the pool instead of handing each one over from this thread.
+        // On the CPU the whole forward pass runs on a kernel-pool thread: the kernels' parallel
+        // loops then start from inside the pool instead of handing each one over from this
+        // thread. On a GPU it stays on this thread, which uploaded the inputs and will read the
+        // tokens back: the forward only enqueues launches (the device's one stream orders them
+        // whatever thread issues them; this keeps a step on one thread as well).
+        let on_pool = pace_kernels::device::forward_on_kernel_pool(self.model.device().location());
         let (model, cache) = (&self.model, &self.cache);
         // Grammar masks of the constrained rows are computed on this thread meanwhile (they
         // depend only on the tokens already committed); sampling then only applies them.
@@ -80,7 +84,16 @@ impl ModelRunner {
         } else {
             Vec::new()
         };
-        let logits = if constrained.is_empty() {
+        let logits = if !on_pool {
+            // Enqueue the forward pass first: the masks are then computed while the GPU runs it.
+            let logits = model.forward(&input, cache)?;
+            for s in constrained.iter_mut() {
+                if let Some(c) = s.constraint_mut() {
+                    c.compute_mask();
+                }
+            }
+            logits
+        } else if constrained.is_empty() {
             rayon::scope(|_| model.forward(&input, cache))?
         } else {
             let mut out = None;
@@ -117,14 +130,17 @@ impl ModelRunner {
 
     /// On a GPU, when every sampled request is plain greedy (no logprobs, no penalties), takes
     /// the argmax of each row on the device and copies only the token ids to the host, instead
-    /// of every row of logits (64 rows of a 128k vocabulary are 33 MB). `None`: sample on the host.
+    /// of every row of logits (64 rows of a 128k vocabulary are 33 MB). The device's argmax
+    /// follows the host sampler's rule (ties to the lowest id, NaN never chosen:
+    /// `pace_kernels::sample`), so the token does not depend on where it was chosen. `None`:
+    /// sample on the host.
     fn sample_greedy_on_device(&mut self, plan: &BatchPlan, logits: &Tensor) -> Result<Option<Vec<SampledToken>>> {
         let sampled_seqs = || plan.seqs.iter().filter(|s| s.sample);
         let plain = sampled_seqs().all(|s| self.samplers.get(&s.id).is_some_and(Sampler::is_plain_greedy));
         if logits.device().is_cpu() || logits.dim(0)? == 0 || !plain {
             return Ok(None);
         }
-        let ids: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+        let ids: Vec<u32> = pace_kernels::sample::argmax_rows(logits)?.to_vec1()?;
         let mut out = Vec::with_capacity(ids.len());
         for (s, token) in sampled_seqs().zip(ids) {
             if let Some(sampler) = self.samplers.get_mut(&s.id) {

@@ -110,8 +110,9 @@ pub fn build_engine_with(
         bail!("unknown scheduler policy '{policy}'");
     };
     scheduler.set_cost_model(model);
-    // The engine may run on another thread, whose GPU stream must find this one's work done.
-    runner.model().device().synchronize()?;
+    // The engine runs on another thread; its launches share the device's one stream, and
+    // waiting here also surfaces any failure of the profile's work before serving starts.
+    pace_kernels::device::synchronize(runner.model().device())?;
     Ok(EngineCore::new(scheduler, runner))
 }
 
@@ -128,11 +129,16 @@ fn profile(runner: &mut ModelRunner, sc: &SchedulerConfig) -> Result<Vec<(StepSh
             runner.add_request(s.id, Sampler::new(SamplingParams::greedy(), &[]).map_err(|e| anyhow::anyhow!(e.message))?);
         }
         let plan = BatchPlan { step: 0, seqs, released: vec![] };
-        // The faster of two runs: a neighbour process or a page fault only ever adds time.
+        // The faster of two runs: a neighbour process or a page fault only ever adds time. On a
+        // GPU each run is timed between whole-device synchronisations, so it measures the
+        // device's work and not only the host's enqueueing (nothing on the CPU).
+        let dev = runner.model().device().clone();
         let mut best = f64::INFINITY;
         for _ in 0..2 {
+            pace_kernels::device::synchronize(&dev)?;
             let t0 = Instant::now();
             runner.execute(&plan)?;
+            pace_kernels::device::synchronize(&dev)?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
         samples.push((StepShape::of(&plan), best));
