@@ -3,18 +3,29 @@
 #
 #   bash deploy/gpu-check.sh [PACE]
 #
-# PACE: the pace binary built with `cargo build --release --features cuda` (stripped), or that
-# binary xz-compressed (PACE.xz, unpacked to /tmp with python3's lzma). Default: .gpu/pace, else
-# .gpu/pace.xz. The machine needs an NVIDIA driver for CUDA 13 and python3; the CUDA 13 runtime
-# libraries pace links (libcudart.so.13, libcublas.so.13, libcublasLt.so.13, libcurand.so.10)
-# are taken from the system, a CUDA install, or python3's site-packages (torch's nvidia-* wheels),
-# whichever has them. No Rust, no network.
+# PACE: the pace binary built with `cargo build --profile cuda-release --features cuda`, or that
+# binary xz-compressed (PACE.xz, unpacked with python3's lzma; what travels to a GPU host, well
+# under 64 MiB). Default: .gpu/pace, else .gpu/pace.xz. The machine needs an NVIDIA driver for
+# CUDA 13 (580 or newer) and python3; no Rust, no network. The CUDA 13 libraries pace links
+# (libcudart.so.13, libcublas.so.13, libcublasLt.so.13, libcurand.so.10) are looked for in CUDA
+# installs, $CONDA_PREFIX/lib, torch's lib and the nvidia-* wheels in python3's site-packages,
+# and the loader cache (ldconfig -p), first hit wins.
+#
+# Setup, before any part, stops the run early with one "FAIL setup: ..." line (exit status 2)
+# when the binary, a library it needs or a new enough driver is missing. It prints the driver's
+# version and the CUDA version it supports, torch.version.cuda, and the libraries the binary
+# NEEDs (readelf -d). PTX is compiled once per run into a writable CUDA_CACHE_PATH (in the
+# scratch directory unless set; CUDA_CACHE_MAXSIZE 4 GiB). The binary is unpacked into a
+# temporary directory, or into $OUT when the temporary directory is mounted noexec.
 #
 # Parts, each under its own timeout so one failing part cannot eat the others' time (the whole
-# run stays under GPU_CHECK_BUDGET seconds, default 480):
-#   kernels  CUDA paged attention and KV-cache write against the CPU ops (pace gpu-check kernels)
-#   model    dummy:smollm2-135m logits, GPU against CPU                  (pace gpu-check model)
-#   bench    dummy:llama-3-8b bf16: decode / prefill / attention against measured ceilings
+# run stays under GPU_CHECK_BUDGET seconds, default 540):
+#   kernels  CUDA paged attention, KV-cache write and greedy argmax against the CPU ops, and the
+#            build's ptxas record                                         (pace gpu-check kernels)
+#   model    dummy:smollm2-135m logits, GPU against CPU, and 300 greedy engine steps against the
+#            plain forward pass                                           (pace gpu-check model)
+#   bench    dummy:llama-3-8b bf16: decode / prefill / attention against measured ceilings, with
+#            diagnostics (GEMV alone, host enqueue vs GPU time, kernel launches per step)
 #   ab       a short `pace bench ab --scheduler smooth,fcfs` on the GPU (dummy:smollm2-135m)
 #   summary  the table                                                   (pace gpu-check summary)
 # If the tensor-core prefill kernel fails its check while the query-at-a-time kernel passes,
@@ -26,73 +37,173 @@ set -uo pipefail # not -e: every part runs whatever happened to the others
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-./gpu-check-out}
-BUDGET=${GPU_CHECK_BUDGET:-480}
+BUDGET=${GPU_CHECK_BUDGET:-540}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/gpu-check.log
 : >"$LOG"
 START=$(date +%s)
-WORK=$(mktemp -d /tmp/pace-gpu-check.XXXXXX)
-AB_DIR=$WORK/ab
 declare -A PART_RC
 
 say() { echo "$*" | tee -a "$LOG"; }
 elapsed() { echo $(($(date +%s) - START)); }
+# setup_fail WHY: the one line that ends a run that cannot start.
+setup_fail() {
+  say "FAIL setup: $*"
+  exit 2
+}
+
+# A scratch directory that can hold an executable: the temporary directory, else $OUT.
+can_exec_in() {
+  local probe="$1/.pace-exec-probe"
+  printf '#!/bin/sh\nexit 0\n' >"$probe" 2>/dev/null && chmod +x "$probe" && "$probe" 2>/dev/null
+  local rc=$?
+  rm -f "$probe"
+  return $rc
+}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pace-gpu-check.XXXXXX" 2>/dev/null || true)
+if [ -z "$WORK" ] || ! can_exec_in "$WORK"; then
+  [ -n "$WORK" ] && rm -rf "$WORK"
+  WORK=$OUT/work
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  can_exec_in "$WORK" || setup_fail "neither ${TMPDIR:-/tmp} nor $OUT lets a program run (both mounted noexec?)"
+  say "NOTE: ${TMPDIR:-/tmp} is mounted noexec: working in $WORK"
+fi
+AB_DIR=$WORK/ab
+trap 'rm -rf "$WORK"' EXIT
 
 # --- the binary -------------------------------------------------------------------------------
 PACE=${1:-}
 if [ -z "$PACE" ]; then
   if [ -f "$ROOT/.gpu/pace" ]; then PACE=$ROOT/.gpu/pace; else PACE=$ROOT/.gpu/pace.xz; fi
 fi
-if [ ! -f "$PACE" ]; then
-  say "FAIL setup: no pace binary at $PACE (build it with: cargo build --release --features cuda -p pace-server)"
-  exit 1
-fi
+[ -f "$PACE" ] || setup_fail "no pace binary at $PACE (build it with: cargo build --profile cuda-release --features cuda -p pace-server --bin pace; xz it to .gpu/pace.xz)"
 case "$PACE" in
   *.xz)
-    say "unpacking $PACE"
+    say "unpacking $PACE ($(stat -c %s "$PACE") bytes)"
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$PACE" "$WORK/pace" || { say "FAIL setup: cannot unpack $PACE"; exit 1; }
+      "$PACE" "$WORK/pace" || setup_fail "cannot unpack $PACE (python3 with lzma needed)"
     PACE=$WORK/pace
     ;;
 esac
-chmod +x "$PACE" 2>/dev/null || { cp "$PACE" "$WORK/pace" && chmod +x "$WORK/pace" && PACE=$WORK/pace; }
+if ! chmod +x "$PACE" 2>/dev/null || ! can_exec_in "$(dirname "$PACE")"; then
+  cp "$PACE" "$WORK/pace" && chmod +x "$WORK/pace" && PACE=$WORK/pace
+fi
 
-# --- the CUDA libraries -----------------------------------------------------------------------
-# Directories holding each library pace needs at start (first hit wins), added to the loader path.
-lib_dirs=()
-add_dir() { case ":$(IFS=:; echo "${lib_dirs[*]:-}"):" in *":$1:"*) ;; *) lib_dirs+=("$1") ;; esac; }
-candidates=(/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib)
+# --- what the binary needs, and where it is -------------------------------------------------
+# The shared libraries the binary NEEDs: readelf -d, else the ELF dynamic section read by python3.
+needed_libs() {
+  if command -v readelf >/dev/null 2>&1; then
+    readelf -d "$1" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'
+  else
+    python3 - "$1" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+if d[:4] != b"\x7fELF" or d[4] != 2:
+    sys.exit(0)
+e = "<" if d[5] == 1 else ">"
+shoff, = struct.unpack_from(e + "Q", d, 0x28)
+shentsize, shnum = struct.unpack_from(e + "HH", d, 0x3A)
+secs = [struct.unpack_from(e + "IIQQQQIIQQ", d, shoff + i * shentsize) for i in range(shnum)]
+for s in secs:
+    if s[1] != 6:  # SHT_DYNAMIC
+        continue
+    strtab = secs[s[6]]
+    for off in range(s[4], s[4] + s[5], 16):
+        tag, val = struct.unpack_from(e + "qQ", d, off)
+        if tag == 0:
+            break
+        if tag == 1:  # DT_NEEDED
+            name = d[strtab[4] + val:d.index(b"\0", strtab[4] + val)]
+            print(name.decode())
+PY
+  fi
+}
+NEEDED=$(needed_libs "$PACE")
+candidates=()
 [ -n "${CUDA_HOME:-}" ] && candidates+=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
-for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+[ -n "${CUDA_PATH:-}" ] && candidates+=("$CUDA_PATH/lib64")
+for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib /opt/cuda/lib64; do
   [ -d "$d" ] && candidates+=("$d")
 done
+[ -n "${CONDA_PREFIX:-}" ] && candidates+=("$CONDA_PREFIX/lib")
+candidates+=(/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib)
 while IFS= read -r sp; do
+  [ -d "$sp/torch/lib" ] && candidates+=("$sp/torch/lib")
   [ -d "$sp/nvidia" ] || continue
-  while IFS= read -r d; do candidates+=("$d"); done < <(find "$sp/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null)
-done < <(python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
-for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10; do
-  found=""
+  while IFS= read -r d; do candidates+=("$d"); done < <(find "$sp/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | sort)
+done < <(python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null | sort -u)
+while IFS= read -r d; do candidates+=("$d"); done < <(ldconfig -p 2>/dev/null | sed -n 's/.* => \(.*\)\/[^/]*$/\1/p' | sort -u)
+
+# Directories holding each library, added to the loader path (first hit wins).
+lib_dirs=()
+add_dir() { case ":$(IFS=:; echo "${lib_dirs[*]:-}"):" in *":$1:"*) ;; *) lib_dirs+=("$1") ;; esac; }
+find_lib() {
+  local d
   for d in "${candidates[@]}"; do
-    if [ -e "$d/$lib" ]; then found=$d; break; fi
+    if [ -e "$d/$1" ]; then echo "$d"; return 0; fi
   done
-  if [ -n "$found" ]; then add_dir "$found"; say "found $lib in $found"; else say "WARN setup: $lib not found"; fi
+  return 1
+}
+# The driver library first: without it nothing else matters.
+want="libcuda.so.1"
+for lib in $NEEDED; do
+  case "$lib" in libcuda.so* | libcudart* | libcublas* | libcurand* | libnvrtc* | libcufft* | libcusparse*) want="$want $lib" ;; esac
+done
+missing=""
+for lib in $(echo "$want" | tr ' ' '\n' | awk '!seen[$0]++'); do
+  if dir=$(find_lib "$lib"); then
+    add_dir "$dir"
+    say "found $lib in $dir"
+  else
+    missing="$missing $lib"
+  fi
 done
 LD_LIBRARY_PATH=$(IFS=:; echo "${lib_dirs[*]:-}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 export RUST_LOG=${RUST_LOG:-info}
+# PTX the driver compiles at load is compiled once for the run's processes, not by each of them.
+export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$WORK/cuda-cache}
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
+mkdir -p "$CUDA_CACHE_PATH" 2>/dev/null
 
+# The CUDA version the driver supports (cuDriverGetVersion: 13000 is 13.0), or empty.
+driver_cuda=$(python3 -c '
+import ctypes, sys
+try:
+    lib = ctypes.CDLL("libcuda.so.1")
+except OSError:
+    sys.exit(0)
+v = ctypes.c_int(0)
+if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+    print(v.value)
+' 2>/dev/null)
 {
   echo "=== environment"
   echo "pace: $PACE ($(stat -c %s "$PACE") bytes)"
-  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi: unavailable"
+  echo "NEEDED: $(echo $NEEDED)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  else
+    echo "nvidia-smi: not installed"
+  fi
+  echo "driver supports CUDA: ${driver_cuda:+$((driver_cuda / 1000)).$((driver_cuda % 1000 / 10))}${driver_cuda:-unknown (no libcuda.so.1 the loader can open)}"
+  echo "torch.version.cuda: $(timeout 60 python3 -c 'import torch; print(torch.version.cuda)' 2>/dev/null || echo 'no torch')"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  ldd "$PACE" 2>&1 | grep -E "cuda|cublas|curand|not found" || true
-  timeout 20 "$PACE" --version 2>&1
+  echo "CUDA_CACHE_PATH=$CUDA_CACHE_PATH (max $CUDA_CACHE_MAXSIZE bytes)"
+  ldd "$PACE" 2>&1 | grep -E "cuda|cublas|curand|nvrtc|not found" || true
 } 2>&1 | tee -a "$LOG"
-if ldd "$PACE" 2>&1 | grep -q "not found"; then
-  say "FAIL setup: the loader cannot find every library pace needs (above); the parts will fail"
+case " $missing " in
+  *" libcuda.so.1 "*) setup_fail "no NVIDIA driver: libcuda.so.1 is nowhere the loader or this script looks" ;;
+esac
+if [ -n "$driver_cuda" ] && [ "$driver_cuda" -lt 13000 ]; then
+  setup_fail "the driver supports CUDA $((driver_cuda / 1000)).$((driver_cuda % 1000 / 10)); this pace build needs CUDA 13.0 (driver 580 or newer)"
 fi
+[ -z "$missing" ] || setup_fail "missing CUDA libraries:$missing (install the CUDA 13 runtime, or pip install nvidia-cuda-runtime nvidia-cublas nvidia-curand)"
+if ldd "$PACE" 2>&1 | grep -q "not found"; then
+  setup_fail "the loader cannot resolve every library pace needs: $(ldd "$PACE" 2>&1 | grep 'not found' | awk '{print $1}' | tr '\n' ' ')"
+fi
+timeout 20 "$PACE" --version 2>&1 | tee -a "$LOG" || setup_fail "pace does not start (above)"
 
 # --- the parts --------------------------------------------------------------------------------
 # run_part NAME MAX_SECONDS COMMAND...: runs under min(MAX, what the budget has left).
@@ -124,7 +235,7 @@ if grep -q "^FAIL kernels: paged_attention \[default\]" "$WORK/kernels.log" 2>/d
     "the model, bench and ab parts run with PACE_ATTN_TENSOR_CORES=0"
 fi
 run_part model 90 "$PACE" gpu-check model --out "$OUT"
-run_part bench 180 "$PACE" gpu-check bench --out "$OUT"
+run_part bench 210 "$PACE" gpu-check bench --out "$OUT"
 run_part ab 120 "$PACE" bench ab --scheduler smooth,fcfs --pace-bin "$PACE" \
   --serve-model dummy:smollm2-135m --tokenizer dummy:smollm2-135m --serve-arg=--device=cuda \
   --request-rates 4,16 --num-prompts 32 --random-input-len 256 --random-output-len 64 --seed 7 \

@@ -5,6 +5,11 @@
 //! queries on both, through every CUDA path: the default (tensor cores for prefill chunks), the
 //! query-at-a-time kernel alone, and that kernel forced into split-K partitions. Tolerances are
 //! docs/reliability.md's: f32 within 1e-4 relative, f16/bf16 within 1.5e-2 absolute.
+//!
+//! Then greedy sampling: `argmax_rows` on the GPU must pick exactly the CPU's token from the same
+//! logits (a 128k vocabulary, in f32, bf16 and f16, with planted ties, NaN and infinities). And
+//! the build's ptxas record (registers, spills, shared memory per kernel) is printed in full and
+//! summarised in one row.
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -220,5 +225,81 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
             report.row(format!("paged_attention [{path}], {name}"), value, target, Status::of(ok));
         }
     }
+    argmax_rows(&mut report, dev, &mut rng)?;
+    ptxas_rows(&mut report);
     Ok(report)
+}
+
+/// `argmax_rows` on `dev` against the CPU on rows with planted ties (the maximum at several
+/// places), NaN, +inf and rows of nothing but -inf and NaN.
+fn argmax_rows(report: &mut PartReport, dev: &Device, rng: &mut StdRng) -> Result<()> {
+    let (rows, vocab) = (16usize, 128_256usize);
+    let mut v: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+    for r in 0..rows {
+        let row = &mut v[r * vocab..(r + 1) * vocab];
+        match r % 4 {
+            1 => {
+                for _ in 0..6 {
+                    let i = rng.random_range(0..vocab);
+                    row[i] = 20.0;
+                }
+            }
+            2 => {
+                row[rng.random_range(0..vocab)] = f32::NAN;
+                row[vocab - 1] = f32::INFINITY;
+                row[vocab / 3] = f32::INFINITY;
+            }
+            3 if r == 3 => row.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 2 == 0 { f32::NEG_INFINITY } else { f32::NAN }),
+            _ => {}
+        }
+    }
+    let host = Tensor::from_vec(v, (rows, vocab), &Device::Cpu)?;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let x = host.to_dtype(dtype)?;
+        let want: Vec<u32> = pace_kernels::sample::argmax_rows(&x)?.to_vec1()?;
+        let got: Vec<u32> = pace_kernels::sample::argmax_rows(&x.to_device(dev)?)?.to_device(&Device::Cpu)?.to_vec1()?;
+        let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        report.row(
+            format!("argmax_rows (greedy), {dtype:?}, {rows} rows x {vocab} with ties, NaN and inf"),
+            format!("{} of {rows} rows choose the CPU's token", rows - differ),
+            "all",
+            Status::of(differ == 0 && got.len() == rows),
+        );
+    }
+    Ok(())
+}
+
+/// The build's ptxas record: printed whole, summarised as one row (registers and spills).
+fn ptxas_rows(report: &mut PartReport) {
+    let Some(tsv) = pace_kernels::device::ptxas_report() else {
+        report.row("ptxas record of the kernels", "none: not the CUDA build", "info", Status::Info);
+        return;
+    };
+    println!("ptxas record (registers, spill bytes, shared memory) of this build's kernels:\n{tsv}");
+    let (mut n, mut max_regs, mut max_at) = (0usize, 0u32, String::new());
+    let mut spills = Vec::new();
+    for line in tsv.lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let num = |i: usize| f.get(i).and_then(|x| x.parse::<u32>().ok()).unwrap_or(0);
+        if f.len() < 6 {
+            continue;
+        }
+        n += 1;
+        if num(2) > max_regs {
+            max_regs = num(2);
+            max_at = format!("{} {}", f[0], f[1]);
+        }
+        if num(3) + num(4) > 0 {
+            spills.push(format!("{} {} ({}/{} B)", f[0], f[1], num(3), num(4)));
+        }
+    }
+    report.row(
+        "ptxas record of the kernels (registers, spills)",
+        format!(
+            "{n} kernel builds; most registers {max_regs} ({max_at}); spills: {}",
+            if spills.is_empty() { "none".to_string() } else { spills.join(", ") }
+        ),
+        "info",
+        Status::Info,
+    );
 }

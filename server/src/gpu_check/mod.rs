@@ -272,8 +272,13 @@ mod tests {
         let r = kernels::run(&Device::Cpu, true).unwrap();
         assert_eq!(r.status, Status::Pass, "{:#?}", r.rows);
         assert!(r.rows.len() >= 7 * 4);
+        let argmax: Vec<&Row> = r.rows.iter().filter(|row| row.check.starts_with("argmax_rows")).collect();
+        assert_eq!(argmax.len(), 3, "{:#?}", r.rows);
+        assert!(argmax.iter().all(|row| row.value.starts_with("16 of 16") && row.status == Status::Pass));
         let r = model::run(&Device::Cpu, true).unwrap();
         assert_eq!(r.status, Status::Pass, "{:#?}", r.rows);
+        let steps = r.rows.iter().find(|row| row.check.contains("execute()")).expect("the execute() row");
+        assert_eq!(steps.value, "52/52 agree", "4 sequences x (1 prefill + 12 decode steps)");
     }
 
     #[test]
