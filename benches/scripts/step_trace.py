@@ -11,6 +11,7 @@ machine's speed, which no shape explains); and the spread of decode-only steps o
 
 usage: step_trace.py steps.jsonl   (needs numpy)
 """
+import gzip
 import json
 import sys
 
@@ -24,7 +25,9 @@ def summary(name, ratio):
 
 
 def main():
-    rows = [json.loads(line) for line in open(sys.argv[1])]
+    # Committed traces are gzip-compressed (steps.jsonl.gz); a fresh one is plain.
+    opener = gzip.open if sys.argv[1].endswith(".gz") else open
+    rows = [json.loads(line) for line in opener(sys.argv[1], "rt")]
     # The first steps run on the start-up profile alone; skip the first 5%.
     rows = rows[len(rows) // 20:]
     col = lambda k: np.array([r[k] for r in rows], float)

@@ -11,7 +11,7 @@
 //! - [`client`]: one streaming request and its timestamps; [`sse`]: frames and token times.
 //! - [`load`]: a bounded open-loop (or concurrency-capped) run of a workload.
 //! - [`report`]: a run's metrics, vLLM-style table and result JSON.
-//! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG/PNG charts.
+//! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG charts.
 //! - [`soak`]: `pace bench soak`, a long hostile run judged by pass/fail checks.
 //! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
 //! - [`provenance`]: command, commit, machine and date at the top of every report.

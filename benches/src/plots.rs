@@ -1,7 +1,7 @@
-//! Line charts of metrics against offered load, as SVG and PNG, with one line per target.
+//! Line charts of metrics against offered load, as SVG, with one line per target.
 //!
-//! Text is rendered with an embedded subset of DejaVu Sans (plotters' `ab_glyph` backend), so
-//! PNGs come out the same on machines without system fonts, such as CI; SVGs name the
+//! Text is measured with an embedded subset of DejaVu Sans (plotters' `ab_glyph` backend), so the
+//! layout comes out the same on machines without system fonts, such as CI; the SVGs name the
 //! `sans-serif` family and the viewer picks the font.
 
 use std::path::Path;
@@ -67,7 +67,7 @@ pub struct Threshold {
 /// A chart to draw.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chart {
-    /// File stem of the SVG and PNG.
+    /// File stem of the SVG.
     pub name: String,
     /// Caption.
     pub title: String,
@@ -173,40 +173,25 @@ where
     Ok(())
 }
 
-/// Writes `dir/<name>.svg` and `dir/<name>.png`.
+/// Writes `dir/<name>.svg`. SVG only: it renders wherever the reports are read, scales, and is
+/// a fraction of a PNG's size in the repository (which also travels to GPU hosts).
 pub fn write_chart(dir: &Path, chart: &Chart) -> Result<()> {
     let size = (720, 460);
     let svg = dir.join(format!("{}.svg", chart.name));
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        draw(&root, chart)?;
-        root.present().map_err(err)?;
-    }
-    let png = dir.join(format!("{}.png", chart.name));
-    let root = BitMapBackend::new(&png, size).into_drawing_area();
+    let root = SVGBackend::new(&svg, size).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     draw(&root, chart)?;
     root.present().map_err(err)?;
     Ok(())
 }
 
-/// Writes `dir/<name>.svg` and `.png` with `charts` in a grid of `cols` columns.
+/// Writes `dir/<name>.svg` with `charts` in a grid of `cols` columns.
 pub fn write_grid(dir: &Path, name: &str, charts: &[&Chart], cols: usize) -> Result<()> {
     let cols = cols.max(1);
     let rows = charts.len().div_ceil(cols).max(1);
     let size = (560 * cols as u32, 380 * rows as u32);
     let svg = dir.join(format!("{name}.svg"));
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        for (area, chart) in root.split_evenly((rows, cols)).iter().zip(charts) {
-            draw(area, chart)?;
-        }
-        root.present().map_err(err)?;
-    }
-    let png = dir.join(format!("{name}.png"));
-    let root = BitMapBackend::new(&png, size).into_drawing_area();
+    let root = SVGBackend::new(&svg, size).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     for (area, chart) in root.split_evenly((rows, cols)).iter().zip(charts) {
         draw(area, chart)?;

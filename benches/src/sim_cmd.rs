@@ -76,7 +76,7 @@ pub struct SimArgs {
     /// learns the truth online from the noisy steps.
     #[arg(long, default_value_t = 0.3)]
     pub prior_error: f64,
-    /// Write sweep.json, summary.jsonl, report.md and one SVG and PNG per metric here.
+    /// Write sweep.json, summary.jsonl, report.md and one SVG per metric here.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print one JSON object per (policy, load) line instead of tables.
@@ -778,7 +778,7 @@ fn write_outputs(
         .filter_map(|n| charts.iter().find(|c| c.name == *n))
         .collect();
     write_grid(dir, "overview", &overview, 3)?;
-    let mut md = format!("# `pace sim` report: {}\n\n{}\n{desc}\n\n![overview](overview.png)\n", lines.first().map_or("", |l| l.preset.as_str()), prov.markdown());
+    let mut md = format!("# `pace sim` report: {}\n\n{}\n{desc}\n\n![overview](overview.svg)\n", lines.first().map_or("", |l| l.preset.as_str()), prov.markdown());
     md.push_str(
         "\nEach cell is the mean over seeds; `±` is the half-width of the 95% interval (Student's t). Smooth goodput is the \
          counted requests' benefit over the window, one denominator for every policy; the ceiling is `min(offered output tok/s, \
@@ -788,7 +788,7 @@ fn write_outputs(
     md.push_str(&tables(lines, true));
     md.push_str("\n## Plots\n\n");
     for c in &charts {
-        let _ = writeln!(md, "- {}: [SVG]({n}.svg), [PNG]({n}.png)", c.title, n = c.name);
+        let _ = writeln!(md, "- {}: [SVG]({n}.svg)", c.title, n = c.name);
     }
     md.push_str("\nRaw data: `summary.jsonl` (one line per policy and load, means over seeds) and `sweep.json` (every seed's run).\n");
     std::fs::write(dir.join("report.md"), md)?;
@@ -829,7 +829,7 @@ mod tests {
         assert_eq!(first["seeds"], serde_json::json!([1, 2]));
         let svg = std::fs::read_to_string(dir.join("smooth_goodput.svg")).unwrap();
         assert!(svg.contains("<svg") && svg.contains("sarathi") && svg.contains("ceiling"));
-        assert!(dir.join("overview.png").exists());
+        assert!(dir.join("overview.svg").exists() && !dir.join("overview.png").exists());
         let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
         assert!(report.contains("| policy |") && report.contains("- Commit:") && report.contains("- Command:"));
         std::fs::remove_dir_all(&dir).ok();

@@ -5,8 +5,9 @@
 //! Every target of an A/B run gets the identical workload. The report directory holds:
 //! - `report.md`: workload, SLO, per-target capacity and peak smooth goodput, one table per load;
 //! - `sweep.json`: every point's summary;
-//! - `points/<target>-<load>.json`: each run's full result (vLLM field names, timelines);
-//! - one SVG and one PNG per metric against offered load, and `overview.svg`/`.png`.
+//! - `points/<target>-<load>.json.gz`: each run's full result (vLLM field names, timelines),
+//!   gzip-compressed (`zcat` reads it; a tenth of the size);
+//! - one SVG per metric against offered load, and `overview.svg`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -242,7 +243,33 @@ fn slug(s: &str) -> String {
 }
 
 fn point_file(label: &str, x: f64) -> String {
-    format!("points/{}-{}.json", slug(label), slug(&format!("{x}")))
+    format!("points/{}-{}.json.gz", slug(label), slug(&format!("{x}")))
+}
+
+/// Writes one point's full result, gzip-compressed.
+fn write_point(path: &Path, result: &BenchResult) -> Result<()> {
+    use std::io::Write;
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::default());
+    serde_json::to_writer(&mut gz, result)?;
+    gz.finish()?.flush().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Reads one point's full result: `path` (gzip), or the uncompressed `.json` beside it that
+/// sweeps before 2026-12 wrote.
+pub fn read_point(path: &Path) -> Result<BenchResult> {
+    use std::io::Read;
+    let mut text = String::new();
+    if path.exists() {
+        flate2::read::GzDecoder::new(std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?)
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading {}", path.display()))?;
+    } else {
+        let plain = path.with_extension("");
+        text = std::fs::read_to_string(&plain).with_context(|| format!("reading {}", plain.display()))?;
+    }
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// The point of `label` at `load` already in `dir`, when `spec.resume` is set and the file
@@ -252,11 +279,10 @@ fn resumed_point(spec: &SweepSpec, dir: &Path, label: &str, load: &Load) -> Resu
     let x = spec.x(load);
     let file = point_file(label, x);
     let path = dir.join(&file);
-    if !spec.resume || !path.exists() {
+    if !spec.resume || !(path.exists() || path.with_extension("").exists()) {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let r: BenchResult = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let r = read_point(&path)?;
     let want = RunInfo {
         label: label.to_string(),
         url: r.info.url.clone(),
@@ -318,7 +344,7 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
         let result = summarize(&run, &info);
         eprint!("{}", table(&result));
         let file = point_file(&target.label, x);
-        std::fs::write(dir.join(&file), serde_json::to_string(&result)?).with_context(|| format!("writing {file}"))?;
+        write_point(&dir.join(&file), &result)?;
         out.push(PointSummary::of(&result, x, file));
     }
     Ok(out)
@@ -560,7 +586,7 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
             h.max_request_goodput,
         );
     }
-    md.push_str("\n![overview](overview.png)\n\n## Per load\n");
+    md.push_str("\n![overview](overview.svg)\n\n## Per load\n");
     let head = [
         "target", "smooth goodput", "of ceiling", "benefit/req", "rejected", "dropped", "left", "wasted work", "out tok/s",
         "goodput req/s", "attain", "TTFT p50", "TTFT p99 served / all", "TPOT p50 served", "TPOT p99", "idle p99 served / all",
@@ -612,8 +638,8 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
     }
     md.push_str("\n## Plots\n\n");
     for c in charts {
-        let _ = writeln!(md, "- {}: [SVG]({n}.svg), [PNG]({n}.png)", c.title, n = c.name);
+        let _ = writeln!(md, "- {}: [SVG]({n}.svg)", c.title, n = c.name);
     }
-    md.push_str("\nFull results with per-request timelines: `points/*.json` (vLLM result-file field names); every point's summary: `sweep.json`.\n");
+    md.push_str("\nFull results with per-request timelines: `points/*.json.gz` (gzip; vLLM result-file field names); every point's summary: `sweep.json`.\n");
     md
 }

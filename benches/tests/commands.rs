@@ -84,13 +84,15 @@ fn assert_report(dir: &Path, labels: &[&str]) -> String {
     for l in labels {
         assert!(md.contains(l), "report lacks {l}");
     }
-    for f in ["sweep.json", "overview.svg", "overview.png", "smooth_goodput.svg", "ttft_p99.png", "tpot_p50.svg", "idle_p99.png", "attainment.svg"] {
+    for f in ["sweep.json", "overview.svg", "smooth_goodput.svg", "ttft_p99.svg", "tpot_p50.svg", "idle_p99.svg", "attainment.svg"] {
         let bytes = std::fs::read(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(bytes.len() > 1000, "{f} is too small");
-        if f.ends_with(".png") {
-            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        if f.ends_with(".svg") {
+            assert!(bytes.starts_with(b"<svg"), "{f} is an SVG");
         }
     }
+    assert!(!dir.join("overview.png").exists(), "SVG only");
+    assert!(md.contains("![overview](overview.svg)"), "{md}");
     let svg = std::fs::read_to_string(dir.join("ttft_p99.svg")).unwrap();
     assert!(svg.contains("SLO: TTFT") && svg.contains("offered load"), "threshold line and axis label");
     md
@@ -111,7 +113,10 @@ async fn sweep_writes_markdown_json_and_plots() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
     let points = v["series"][0]["points"].as_array().unwrap();
     assert_eq!(points.len(), 2);
-    assert!(dir.join("points/scripted-20.json").is_file());
+    // Each point's full result, gzip-compressed, read back whole.
+    let point = pace_bench::sweep::read_point(&dir.join("points/scripted-20.json.gz")).unwrap();
+    assert_eq!(point.info.label, "scripted");
+    assert!(!point.timelines.is_empty());
     // The ceiling: Theta is the largest output throughput of any point; each point's ceiling is
     // min(offered, Theta), and its fraction is smooth goodput over it.
     let theta = v["theta"].as_f64().unwrap();
@@ -208,16 +213,16 @@ async fn ab_starts_and_stops_one_server_per_scheduler() {
     // server is not started again, fcfs's first point is read back as it was, and only the
     // missing point runs.
     let sweep_before = std::fs::read_to_string(report.join("sweep.json")).unwrap();
-    let fcfs10 = std::fs::read(report.join("points/fcfs-10.json")).unwrap();
-    std::fs::remove_file(report.join("points/fcfs-30.json")).unwrap();
+    let fcfs10 = std::fs::read(report.join("points/fcfs-10.json.gz")).unwrap();
+    std::fs::remove_file(report.join("points/fcfs-30.json.gz")).unwrap();
     std::fs::remove_dir_all(report.join("logs")).unwrap();
     let mut resumed = args.clone();
     resumed.push("--resume");
     let BenchCommand::Ab(a) = parse(&resumed) else { unreachable!() };
     pace_bench::cli::ab(&a).await.unwrap();
     assert!(!report.join("logs/serve-smooth.log").exists(), "smooth's points were all there");
-    assert!(report.join("logs/serve-fcfs.log").exists() && report.join("points/fcfs-30.json").exists());
-    assert_eq!(std::fs::read(report.join("points/fcfs-10.json")).unwrap(), fcfs10, "reused, not run again");
+    assert!(report.join("logs/serve-fcfs.log").exists() && report.join("points/fcfs-30.json.gz").exists());
+    assert_eq!(std::fs::read(report.join("points/fcfs-10.json.gz")).unwrap(), fcfs10, "reused, not run again");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("sweep.json")).unwrap()).unwrap();
     let old: serde_json::Value = serde_json::from_str(&sweep_before).unwrap();
     // (Theta, and so every ceiling, moves with the rerun point; what was measured does not.)

@@ -43,8 +43,8 @@ async fn short_real_sweep_against_pace_serve() {
     assert!(md.contains("pace bench ab: smooth"), "{md}");
     for policy in ["smooth"] {
         for load in ["2", "8"] {
-            let file = dir.join(format!("points/{policy}-{load}.json"));
-            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            let file = dir.join(format!("points/{policy}-{load}.json.gz"));
+            let v = serde_json::to_value(pace_bench::sweep::read_point(&file).unwrap()).unwrap();
             let n = |k: &str| v[k].as_u64().unwrap();
             assert!(n("counted") >= 1, "{}", file.display());
             assert_eq!(n("completed") + n("rejected"), n("counted"), "{}: every counted request completed or was rejected", file.display());
@@ -52,6 +52,6 @@ async fn short_real_sweep_against_pace_serve() {
             assert_eq!(v["timelines"][0]["prompt_len"], 64);
         }
     }
-    assert!(dir.join("overview.png").is_file());
+    assert!(dir.join("overview.svg").is_file());
     std::fs::remove_dir_all(&dir).ok();
 }
