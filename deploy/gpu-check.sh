@@ -120,14 +120,14 @@ PY
   fi
 }
 NEEDED=$(needed_libs "$PACE")
-candidates=()
+# The driver's directories first, so the system's libcuda.so.1 wins over a compat copy elsewhere.
+candidates=(/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib)
 [ -n "${CUDA_HOME:-}" ] && candidates+=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
 [ -n "${CUDA_PATH:-}" ] && candidates+=("$CUDA_PATH/lib64")
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib /opt/cuda/lib64; do
   [ -d "$d" ] && candidates+=("$d")
 done
 [ -n "${CONDA_PREFIX:-}" ] && candidates+=("$CONDA_PREFIX/lib")
-candidates+=(/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib)
 while IFS= read -r sp; do
   [ -d "$sp/torch/lib" ] && candidates+=("$sp/torch/lib")
   [ -d "$sp/nvidia" ] || continue
@@ -135,9 +135,16 @@ while IFS= read -r sp; do
 done < <(python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null | sort -u)
 while IFS= read -r d; do candidates+=("$d"); done < <(ldconfig -p 2>/dev/null | sed -n 's/.* => \(.*\)\/[^/]*$/\1/p' | sort -u)
 
-# Directories holding each library, added to the loader path (first hit wins).
+# Directories holding each library (first candidate wins), put on the loader path in the
+# candidates' order, so the loader takes the copy this script reports.
 lib_dirs=()
 add_dir() { case ":$(IFS=:; echo "${lib_dirs[*]:-}"):" in *":$1:"*) ;; *) lib_dirs+=("$1") ;; esac; }
+in_candidate_order() {
+  local d l
+  for d in "${candidates[@]}"; do
+    for l in "${lib_dirs[@]:-}"; do [ "$d" = "$l" ] && echo "$d"; done
+  done | awk '!seen[$0]++'
+}
 find_lib() {
   local d
   for d in "${candidates[@]}"; do
@@ -159,7 +166,7 @@ for lib in $(echo "$want" | tr ' ' '\n' | awk '!seen[$0]++'); do
     missing="$missing $lib"
   fi
 done
-LD_LIBRARY_PATH=$(IFS=:; echo "${lib_dirs[*]:-}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+LD_LIBRARY_PATH=$(in_candidate_order | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 export RUST_LOG=${RUST_LOG:-info}
 # PTX the driver compiles at load is compiled once for the run's processes, not by each of them.
@@ -188,7 +195,7 @@ if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
     echo "nvidia-smi: not installed"
   fi
   echo "driver supports CUDA: ${driver_cuda:+$((driver_cuda / 1000)).$((driver_cuda % 1000 / 10))}${driver_cuda:-unknown (no libcuda.so.1 the loader can open)}"
-  echo "torch.version.cuda: $(timeout 60 python3 -c 'import torch; print(torch.version.cuda)' 2>/dev/null || echo 'no torch')"
+  echo "torch.version.cuda: $(timeout 15 python3 -c 'import torch; print(torch.version.cuda)' 2>/dev/null || echo 'no torch (or it took over 15 s)')"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   echo "CUDA_CACHE_PATH=$CUDA_CACHE_PATH (max $CUDA_CACHE_MAXSIZE bytes)"
   ldd "$PACE" 2>&1 | grep -E "cuda|cublas|curand|nvrtc|not found" || true
@@ -208,7 +215,7 @@ timeout 20 "$PACE" --version 2>&1 | tee -a "$LOG" || setup_fail "pace does not s
 # --- the parts --------------------------------------------------------------------------------
 # run_part NAME MAX_SECONDS COMMAND...: runs under min(MAX, what the budget has left).
 run_part() {
-  local name=$1 max=$2 reserve=25
+  local name=$1 max=$2 reserve=45 # the summary's 30 s and a part's kill-after 10 s
   shift 2
   local left=$((BUDGET - $(elapsed) - reserve))
   local t=$((max < left ? max : left))

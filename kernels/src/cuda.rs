@@ -530,32 +530,54 @@ pub(crate) struct Captured {
 }
 
 impl Captured {
-    /// Launches the graph on the stream it was captured from.
+    /// Launches the graph on the stream it was captured from. Its allocations are those of the
+    /// previous launch, freed and made again: a result of the capture must be dropped first.
     pub fn replay(&self) -> Result<()> {
         self.graph.launch().w()
     }
 }
 
-/// Captures what `f` launches on the device's stream into a CUDA graph (relaxed mode), counts its
-/// nodes and launches it once. The capture always ends, whatever `f` returned.
+/// Captures what `f` launches on the device's stream into a CUDA graph (relaxed mode), launches
+/// the graph once and counts its nodes. `f` runs twice: once to warm up, once captured.
 ///
-/// Memory the captured work allocates (the stream-ordered allocations candle makes) becomes the
-/// graph's own: it exists only once the graph has run, so the graph runs once here before `f`'s
-/// result (whose buffers are such memory) goes back to be used or dropped. The graph is
-/// instantiated to free its previous launch's allocations when launched again.
+/// - candle uploads small parameter vectors (index-select and strided-copy layouts) from host
+///   vectors it frees at once; captured, those copies would read freed memory at every replay.
+///   Its graph upload cache (`enable_cuda_graph_htod_cache`, on for this thread throughout)
+///   keeps them on the device: the warm-up fills it, the capture reuses it. pace's own per-step
+///   uploads (attention work lists) are made once per step's metadata, so the warm-up makes them.
+/// - Memory the captured work allocates becomes the graph's: it exists once the graph has run,
+///   so the graph runs once before `f`'s result (whose buffers are such memory) is handed back.
+///   When the graph never ran, that result is leaked rather than freed (freeing it would fail).
+///   The graph frees its previous launch's allocations when launched again.
+/// - The capture always ends: an error a Drop recorded in the context during `f` (which would
+///   make cudarc's `end_capture` return before ending it) is taken first.
 pub(crate) fn capture<R, E: From<candle_core::Error>>(
     d: &CudaDevice,
-    f: impl FnOnce() -> std::result::Result<R, E>,
+    mut f: impl FnMut() -> std::result::Result<R, E>,
 ) -> std::result::Result<(R, Captured), E> {
     let stream = d.cuda_stream();
+    let _uploads = d.enable_cuda_graph_htod_cache();
+    drop(f()?);
+    stream.synchronize().w()?;
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
     let r = f();
+    let pending = stream.context().check_err();
     let ended = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     let r = r?;
-    let Some(graph) = ended.w()? else { return Err(candle_core::Error::Msg("the stream captured nothing".into()).into()) };
+    let launched = pending.and_then(|()| ended).w().and_then(|g| {
+        let g = g.ok_or_else(|| candle_core::Error::Msg("the stream captured nothing".into()))?;
+        g.launch().w()?;
+        stream.synchronize().w()?;
+        Ok(g)
+    });
+    let graph = match launched {
+        Ok(g) => g,
+        Err(e) => {
+            std::mem::forget(r);
+            return Err(e.into());
+        }
+    };
     let counts = count_nodes(graph.cu_graph())?;
-    graph.launch().w()?;
-    stream.synchronize().w()?;
     Ok((r, Captured { graph, counts }))
 }
 

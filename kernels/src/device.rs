@@ -124,11 +124,12 @@ impl CapturedGraph {
 
 /// Captures what `f` launches on a GPU's stream into a CUDA graph and runs the graph once in its
 /// place (a diagnostic: how many launches a step makes, and what replaying them as one graph
-/// costs). An error on the CPU, or when something in `f` cannot be captured (a synchronous copy,
-/// a synchronisation).
+/// costs). `f` runs twice, a warm-up and the capture. An error on the CPU, or when something in
+/// `f` cannot be captured (a synchronous copy, a synchronisation). Drop the returned result
+/// before [`CapturedGraph::replay`]: a replay remakes the graph's allocations.
 pub fn capture<R, E: From<candle_core::Error>>(
     device: &Device,
-    f: impl FnOnce() -> std::result::Result<R, E>,
+    f: impl FnMut() -> std::result::Result<R, E>,
 ) -> std::result::Result<(R, CapturedGraph), E> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {

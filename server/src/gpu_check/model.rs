@@ -189,16 +189,23 @@ fn batch_variance(dev: &Device, weights: &str, kv: DType) -> Result<(f64, usize,
     };
     let alone = run(&mut runner, 0, false)?;
     let batched = run(&mut runner, others.len() + 1, true)?;
+    let (rel, agree) = compare_rows(&batched, &alone);
+    Ok((rel, agree, alone.len()))
+}
+
+/// Relative L2 error of `got` against `want` over all their rows (NaN counting as infinitely
+/// far), and the rows whose argmax agrees.
+fn compare_rows(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, usize) {
     let (mut num, mut den, mut agree) = (0f64, 0f64, 0usize);
-    for (a, b) in alone.iter().zip(&batched) {
-        for (&x, &y) in b.iter().zip(a) {
+    for (g, w) in got.iter().zip(want) {
+        for (&x, &y) in g.iter().zip(w) {
             let d = x as f64 - y as f64;
             num += if d.is_nan() { f64::INFINITY } else { d * d };
             den += (y as f64) * (y as f64);
         }
-        agree += usize::from(argmax(a) == argmax(b));
+        agree += usize::from(argmax(g) == argmax(w));
     }
-    Ok(((num / den.max(1e-30)).sqrt(), agree, alone.len()))
+    ((num / den.max(1e-30)).sqrt(), agree)
 }
 
 /// Runs the part.
@@ -207,16 +214,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     let want = logits(&mut runner(&Device::Cpu, "f32", DType::F32)?)?;
     for (weights, kv, tol) in [("f32", DType::F32, 1e-3), ("f32", DType::F16, 2e-2), ("bf16", DType::BF16, 1e-1)] {
         let got = logits(&mut runner(dev, weights, kv)?)?;
-        let (mut num, mut den, mut agree) = (0f64, 0f64, 0usize);
-        for (g, w) in got.iter().zip(&want) {
-            for (&x, &y) in g.iter().zip(w) {
-                let d = x as f64 - y as f64;
-                num += if d.is_nan() { f64::INFINITY } else { d * d };
-                den += (y as f64) * (y as f64);
-            }
-            agree += usize::from(argmax(g) == argmax(w));
-        }
-        let rel = (num / den.max(1e-30)).sqrt();
+        let (rel, agree) = compare_rows(&got, &want);
         let ok = got.len() == want.len() && rel <= tol;
         report.row(
             format!("dummy:smollm2-135m logits, {weights} weights + {kv:?} KV vs CPU f32 ({} positions)", want.len()),
