@@ -616,11 +616,6 @@ fn count_nodes(cu: sys::CUgraph) -> Result<crate::device::GraphCounts> {
     Ok(counts)
 }
 
-/// ptxas's record of the kernels this binary carries.
-pub(crate) fn ptxas_report() -> &'static str {
-    PTXAS_REPORT
-}
-
 /// The name of a CUDA device and its compute capability.
 pub(crate) fn describe(dev: &Device) -> Option<String> {
     use sys::CUdevice_attribute as A;

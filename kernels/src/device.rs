@@ -145,7 +145,7 @@ pub fn capture<R, E: From<candle_core::Error>>(
 /// `None` on the CPU build.
 pub fn ptxas_report() -> Option<&'static str> {
     #[cfg(feature = "cuda")]
-    return Some(crate::cuda::ptxas_report());
+    return Some(crate::cuda::PTXAS_REPORT);
     #[cfg(not(feature = "cuda"))]
     None
 }

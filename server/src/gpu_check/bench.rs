@@ -162,20 +162,15 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
         ">= 70% of copy",
         Status::of(ratio >= 0.7),
     );
-    let (t, bytes, _) = attention_case(dev, 8, 4096, 0)?;
-    report.row(
-        "paged attention, 8 decodes x 4k ctx (split-K)",
-        format!("{:.1} us, {:.0}% of copy", t * 1e6, bytes / t / copy_bw * 100.0),
-        "info",
-        Status::Info,
-    );
-    let (t, bytes, _) = attention_case(dev, 1, 1024, 0)?;
-    report.row(
-        "paged attention, 1 decode x 1k ctx (diagnostic: the batch-1 step's attention)",
-        format!("{:.1} us, {:.0}% of copy", t * 1e6, bytes / t / copy_bw * 100.0),
-        "info",
-        Status::Info,
-    );
+    for (seqs, ctx, what) in [(8, 4096, "8 decodes x 4k ctx (split-K)"), (1, 1024, "1 decode x 1k ctx (diagnostic: the batch-1 step's attention)")] {
+        let (t, bytes, _) = attention_case(dev, seqs, ctx, 0)?;
+        report.row(
+            format!("paged attention, {what}"),
+            format!("{:.1} us, {:.0}% of copy", t * 1e6, bytes / t / copy_bw * 100.0),
+            "info",
+            Status::Info,
+        );
+    }
     let (t, _, flops) = attention_case(dev, 1, 4096, 2048)?;
     report.row(
         "paged attention, 2048-token prefill chunk at 4k ctx (tensor cores)",
