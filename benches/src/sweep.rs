@@ -6,7 +6,7 @@
 //! - `report.md`: workload, SLO, per-target capacity and peak smooth goodput, one table per load;
 //! - `sweep.json`: every point's summary;
 //! - `points/<target>-<load>.json.gz`: each run's full result (vLLM field names, timelines),
-//!   gzip-compressed (`zcat` reads it; a tenth of the size);
+//!   gzip-compressed (`zcat` reads it; about a third of the size);
 //! - one SVG per metric against offered load, and `overview.svg`.
 
 use std::fmt::Write as _;
