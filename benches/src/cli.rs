@@ -217,6 +217,13 @@ pub struct AbArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping a started server.
     #[arg(long, default_value_t = 30.0)]
     pub server_stop_timeout: f64,
+    /// Run the whole A/B this many times, with seeds SEED, SEED+1, ... (new prompts, arrivals
+    /// and clients each time, the same for every target within a repeat). Each repeat writes a
+    /// full report under `seed-S/`; `report.md` at the top gives every target's median, mean
+    /// and 95% interval over the repeats, and the first target's paired difference from each
+    /// other one.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeats: u32,
     #[command(flatten)]
     pub loads: LoadArgs,
     #[command(flatten)]
@@ -482,14 +489,43 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
     if !a.labels.is_empty() && a.labels.len() != a.base_urls.len() {
         bail!("--labels needs one label per --base-urls entry");
     }
-    let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-ab-{}", date())));
+    if a.repeats == 1 {
+        let (spec, mut series) = ab_once(a, w, &dir).await?;
+        write_report(&dir, &ab_title(&series), &spec, &mut series, &prov)?;
+        println!("wrote {}", dir.join("report.md").display());
+        return Ok(());
+    }
+    let base = w.seed.unwrap_or_else(rand::random);
+    let mut runs = Vec::new();
+    for r in 0..u64::from(a.repeats) {
+        let seed = base.wrapping_add(r);
+        eprintln!("repeat {} of {} (seed {seed})", r + 1, a.repeats);
+        let w = WorkloadArgs { seed: Some(seed), ..w.clone() };
+        let sub = dir.join(format!("seed-{seed}"));
+        let (spec, mut series) = ab_once(a, &w, &sub).await?;
+        write_report(&sub, &ab_title(&series), &spec, &mut series, &prov)?;
+        runs.push(crate::repeats::Repeat { seed, dir: format!("seed-{seed}"), spec, series });
+    }
+    let title = format!("{} ({} repeats)", ab_title(&runs[0].series), runs.len());
+    crate::repeats::write_report(&dir, &title, &runs, &prov)?;
+    println!("wrote {}", dir.join("report.md").display());
+    Ok(())
+}
+
+fn ab_title(series: &[(String, Vec<PointSummary>)]) -> String {
+    format!("pace bench ab: {}", series.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>().join(" vs "))
+}
+
+/// One A/B over every load into `dir` (its points and server logs); the report is the caller's.
+async fn ab_once(a: &AbArgs, w: &WorkloadArgs, dir: &std::path::Path) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>)> {
+    let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let client = http_client(256)?;
     let mut series: Vec<(String, Vec<PointSummary>)> = Vec::new();
     for (i, url) in a.base_urls.iter().enumerate() {
         let label = a.labels.get(i).cloned().unwrap_or_else(|| url.clone());
         let t = target(&client, &label, url, w).await?;
-        series.push((label, run_series(&client, &t, &spec, &dir).await?));
+        series.push((label, run_series(&client, &t, &spec, dir).await?));
     }
     if !a.scheduler.is_empty() {
         let bin = match &a.pace_bin {
@@ -509,7 +545,7 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
             log_dir: dir.join("logs"),
         };
         for policy in &a.scheduler {
-            if let Some(points) = resumed_series(&spec, &dir, policy)? {
+            if let Some(points) = resumed_series(&spec, dir, policy)? {
                 eprintln!("[{policy}] every point is in {}: reused", dir.display());
                 series.push((policy.clone(), points));
                 continue;
@@ -518,7 +554,7 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
             let mut server = ServeProcess::spawn(&cfg, policy)?;
             server.wait_ready(&client, cfg.start_timeout).await?;
             let t = target(&client, policy, &server.base_url, w).await?;
-            let points = run_series(&client, &t, &spec, &dir).await?;
+            let points = run_series(&client, &t, &spec, dir).await?;
             let status = server.stop().await?;
             if !status.success() {
                 eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
@@ -526,8 +562,5 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
             series.push((policy.clone(), points));
         }
     }
-    let title = format!("pace bench ab: {}", series.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>().join(" vs "));
-    write_report(&dir, &title, &spec, &mut series, &prov)?;
-    println!("wrote {}", dir.join("report.md").display());
-    Ok(())
+    Ok((spec, series))
 }

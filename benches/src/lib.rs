@@ -12,6 +12,7 @@
 //! - [`load`]: a bounded open-loop (or concurrency-capped) run of a workload.
 //! - [`report`]: a run's metrics, vLLM-style table and result JSON.
 //! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG charts.
+//! - [`repeats`]: an A/B repeated over seeds, summarised by medians, intervals and paired differences.
 //! - [`soak`]: `pace bench soak`, a long hostile run judged by pass/fail checks.
 //! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
 //! - [`provenance`]: command, commit, machine and date at the top of every report.
@@ -25,6 +26,7 @@ pub mod launch;
 pub mod load;
 pub mod plots;
 pub mod provenance;
+pub mod repeats;
 pub mod report;
 pub mod sim_cmd;
 pub mod slo_args;

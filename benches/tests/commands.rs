@@ -172,6 +172,66 @@ async fn ab_over_urls_overlays_targets_and_finds_capacity() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_repeats_with_new_seeds_and_reports_the_spread_and_the_paired_difference() {
+    let fast = common::start(common::Cfg::new(30, 10)).await;
+    let slow = common::start(common::Cfg::new(300, 60)).await;
+    let dir = tempdir("ab-repeats");
+    let urls = format!("{fast},{slow}");
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["ab", "--base-urls", &urls, "--labels", "fast,slow", "--request-rates", "10,30", "--num-prompts", "5", "--result-dir", d];
+    args.extend(["--repeats", "2"]);
+    args.extend(SMALL);
+    args.extend(["ttft:200"]);
+    let BenchCommand::Ab(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    // Each repeat is a whole A/B report of its own, with its own seed (the flag's, then the next).
+    let mut per_seed = Vec::new();
+    for seed in [5, 6] {
+        let sub = dir.join(format!("seed-{seed}"));
+        assert_report(&sub, &["fast vs slow", &format!("seed {seed}")]);
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sub.join("sweep.json")).unwrap()).unwrap();
+        assert_eq!(v["seed"], seed);
+        per_seed.push(v);
+    }
+    let sched = |seed: u64| {
+        let r = pace_bench::sweep::read_point(&dir.join(format!("seed-{seed}/points/fast-10.json.gz"))).unwrap();
+        r.timelines.iter().map(|t| t.scheduled).collect::<Vec<f64>>()
+    };
+    assert_ne!(sched(5), sched(6), "a new seed brings new arrivals");
+    // The top report summarises exactly the repeats' numbers.
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("(2 repeats)") && md.contains("[5](seed-5/report.md)") && md.contains("[6](seed-6/report.md)"), "{md}");
+    assert!(dir.join("ceiling_fraction.svg").exists() && dir.join("smooth_goodput.svg").exists());
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("repeats.json")).unwrap()).unwrap();
+    assert_eq!(r["seeds"], serde_json::json!([5, 6]));
+    let frac = |v: &serde_json::Value, series: usize, point: usize| v["series"][series]["points"][point]["ceiling_fraction"].as_f64().unwrap();
+    let targets = r["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 4, "two targets at two loads");
+    for (k, t) in targets.iter().enumerate() {
+        let (series, point) = (k / 2, k % 2);
+        let values: Vec<f64> = t["ceiling_fraction"]["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(values, vec![frac(&per_seed[0], series, point), frac(&per_seed[1], series, point)], "{t}");
+        let mean = (values[0] + values[1]) / 2.0;
+        assert!((t["ceiling_fraction"]["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
+        assert!((t["ceiling_fraction"]["median"].as_f64().unwrap() - mean).abs() < 1e-12, "the median of two is their mean");
+    }
+    // fast minus slow, per repeat: the slow server's first token is 270 ms later for every client,
+    // so fast is ahead in both repeats at both loads.
+    let paired = r["paired"].as_array().unwrap();
+    assert_eq!(paired.len(), 2);
+    for (point, p) in paired.iter().enumerate() {
+        assert_eq!((p["first"].as_str(), p["other"].as_str()), (Some("fast"), Some("slow")));
+        let diffs: Vec<f64> = p["difference"]["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        for (i, d) in diffs.iter().enumerate() {
+            assert!((d - (frac(&per_seed[i], 0, point) - frac(&per_seed[i], 1, point))).abs() < 1e-12);
+        }
+        assert_eq!(p["ahead"], 2, "{p}");
+    }
+    assert!(md.contains("| fast | slow |") && md.contains("2 of 2"), "{md}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Writes a `pace` stand-in: a shell script that runs this test binary's `fake_pace_serve`.
 fn fake_pace(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
