@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use pace_scheduler::slo::{check_window_fractions, MaxTokensRule, Patience};
+use pace_scheduler::sim::workload::PriorityMix;
+use pace_scheduler::slo::{check_window_fractions, MaxTokensRule, Patience, SloClass};
 use serde_json::{Map, Value};
 
 use crate::arrivals::ArrivalProcess;
@@ -92,6 +93,14 @@ pub struct WorkloadArgs {
     /// same clients.
     #[arg(long, default_value = "none")]
     pub patience: String,
+    /// Send vLLM's `priority` field with every request: FRACTION:PRIORITY, e.g. 0.2:-2 (a fifth
+    /// of the requests at priority -2, the rest at 0), drawn per request from the seed exactly
+    /// as `pace sim --priority-mix` draws them. A request's benefit weighs `2^-priority`
+    /// (docs/metrics.md), the ceiling is the weighted one (the heaviest served first), and the
+    /// report gets a "By priority" table. Not with --max-concurrencies. (vLLM refuses a
+    /// priority other than 0 unless it runs with `--scheduling-policy priority`.)
+    #[arg(long)]
+    pub priority_mix: Option<String>,
     /// Requests scheduled before this fraction of the arrival span are not counted (closed
     /// loops: this fraction of the requests).
     #[arg(long, default_value_t = 0.1)]
@@ -245,6 +254,8 @@ pub struct Prepared {
     pub max_tokens_rule: MaxTokensRule,
     /// Each request's patience, seconds, in prompt order.
     pub patience: Vec<f64>,
+    /// Each request's priority (`--priority-mix`; empty: none).
+    pub priority: Vec<i64>,
     /// One line describing the workload.
     pub desc: String,
 }
@@ -275,6 +286,10 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
     check_window_fractions(w.warmup_fraction, w.window_end_fraction)?;
     let max_tokens_rule: MaxTokensRule = w.max_tokens_rule.parse()?;
     let patience_dist: Patience = w.patience.parse()?;
+    let priority_mix = match &w.priority_mix {
+        Some(m) => Some(m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?).filter(|m| !m.is_none()),
+        None => None,
+    };
     let binary = w.slo.binary()?;
     let extra_body: Map<String, Value> = match &w.extra_body {
         Some(s) => match serde_json::from_str(s).context("--extra-body is not JSON")? {
@@ -316,10 +331,11 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         progress: !w.disable_tqdm,
     };
     let patience = patience_dist.draw(prompts.len(), seed);
+    let priority = priority_mix.map_or_else(Vec::new, |m| m.draw(prompts.len(), seed));
     let mean = |f: fn(&Prompt) -> usize| prompts.iter().map(f).sum::<usize>() as f64 / prompts.len() as f64;
     let desc = format!(
         "{} requests, dataset {}, {} endpoint, mean prompt {:.0} tokens, mean true output {:.0} tokens{}, max_tokens {max_tokens_rule}, \
-         patience {patience_dist}, temperature {}{}, arrivals gamma(burstiness {}), window {}..{} of the arrival span, seed {seed}",
+         patience {patience_dist}, temperature {}{}, arrivals gamma(burstiness {}), window {}..{} of the arrival span, seed {seed}{}",
         prompts.len(),
         w.dataset_name,
         w.endpoint,
@@ -331,6 +347,13 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         w.burstiness,
         w.warmup_fraction,
         w.window_end_fraction,
+        priority_mix.map_or(String::new(), |m| format!(
+            ", priority mix {m} ({} of {} requests at priority {}, weight {})",
+            priority.iter().filter(|&&p| p != 0).count(),
+            priority.len(),
+            m.priority,
+            SloClass::priority_weight(m.priority)
+        )),
     );
     let info = RunInfo {
         label: String::new(),
@@ -348,8 +371,9 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
         seed,
         params,
         has_slo: binary.is_some(),
+        priority_mix: priority_mix.map(|m| m.to_string()),
     };
-    Ok(Prepared { prompts, seed, options, info, desc, max_tokens_rule, patience })
+    Ok(Prepared { prompts, seed, options, info, desc, max_tokens_rule, patience, priority })
 }
 
 fn api_of(endpoint: &str) -> Api {
@@ -373,7 +397,7 @@ const TEMPLATE_MARGIN: usize = 64;
 
 /// The workload of one run: `prompts` on `schedule`, `max_tokens` by `rule` within the target's
 /// room, and the clients' patience.
-pub fn workload_for(target: &Target, prompts: &[Prompt], schedule: Vec<f64>, rule: MaxTokensRule, patience: &[f64]) -> Workload {
+pub fn workload_for(target: &Target, prompts: &[Prompt], schedule: Vec<f64>, rule: MaxTokensRule, patience: &[f64], priority: &[i64]) -> Workload {
     let max_tokens = prompts
         .iter()
         .map(|p| {
@@ -381,7 +405,7 @@ pub fn workload_for(target: &Target, prompts: &[Prompt], schedule: Vec<f64>, rul
             rule.max_tokens(p.output_len, room)
         })
         .collect();
-    Workload { prompts: prompts.to_vec(), schedule, max_tokens, patience: patience.to_vec() }
+    Workload { prompts: prompts.to_vec(), schedule, max_tokens, patience: patience.to_vec(), priority: priority.to_vec() }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -411,7 +435,7 @@ pub async fn serve(a: &ServeArgs) -> Result<crate::report::BenchResult> {
     let client = http_client(w.max_concurrency.unwrap_or(256))?;
     let t = target(&client, &a.label, &a.base_url, w).await?;
     eprintln!("{}; offered {} req/s", p.desc, a.request_rate);
-    let workload = workload_for(&t, &p.prompts, process.schedule(p.prompts.len(), p.seed), p.max_tokens_rule, &p.patience);
+    let workload = workload_for(&t, &p.prompts, process.schedule(p.prompts.len(), p.seed), p.max_tokens_rule, &p.patience, &p.priority);
     let run = run_load(&client, &t, &workload, &p.options).await;
     let info = RunInfo {
         label: t.label.clone(),
@@ -452,10 +476,14 @@ fn sweep_spec(l: &LoadArgs, p: Prepared) -> Result<SweepSpec> {
     if loads.is_empty() {
         bail!("give --request-rates or --max-concurrencies");
     }
+    if axis == Axis::Concurrency && p.info.priority_mix.is_some() {
+        bail!("--priority-mix is for open loops (--request-rates), not --max-concurrencies");
+    }
     Ok(SweepSpec {
         prompts: p.prompts,
         max_tokens_rule: p.max_tokens_rule,
         patience: p.patience,
+        priority: p.priority,
         seed: p.seed,
         burstiness: p.info.burstiness,
         options: p.options,

@@ -38,6 +38,9 @@ pub struct Workload {
     pub max_tokens: Vec<usize>,
     /// Each client's patience, seconds (infinite: it never leaves).
     pub patience: Vec<f64>,
+    /// vLLM's `priority` sent with each request (lower is served first), which also weighs the
+    /// request's benefit by `2^-priority` (docs/metrics.md). Empty: no `priority` is sent.
+    pub priority: Vec<i64>,
 }
 
 impl Workload {
@@ -45,7 +48,7 @@ impl Workload {
     pub fn new(prompts: Vec<Prompt>, schedule: Vec<f64>) -> Self {
         let max_tokens = prompts.iter().map(|p| p.output_len).collect();
         let patience = vec![f64::INFINITY; prompts.len()];
-        Self { prompts, schedule, max_tokens, patience }
+        Self { prompts, schedule, max_tokens, patience, priority: Vec::new() }
     }
 }
 
@@ -196,8 +199,17 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
         };
         let (client, target, pb) = (client.clone(), Arc::clone(&target), pb.clone());
         let max_tokens = workload.max_tokens.get(index).copied().unwrap_or(prompt.output_len);
-        let body = request_body(&target, prompt, max_tokens, &opts.request);
-        let (prompt, class) = (prompt.clone(), opts.class);
+        let mut body = request_body(&target, prompt, max_tokens, &opts.request);
+        let mut class = opts.class;
+        // With a mix, every request says its priority, 0 included: a server's default for
+        // requests without one (`pace serve --default-priority`) is not the benchmark's.
+        if let Some(&priority) = workload.priority.get(index) {
+            if let Some(obj) = body.as_object_mut() {
+                obj.insert("priority".into(), serde_json::json!(priority));
+            }
+            class.weight = SloClass::priority_weight(priority);
+        }
+        let prompt = prompt.clone();
         let leave = workload.patience.get(index).filter(|p| p.is_finite()).map(|&patience| Leave { class, patience });
         let is_counted = (counted.0..counted.1).contains(&index);
         spawned_counted += usize::from(is_counted);

@@ -195,7 +195,12 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
             })
             .collect(),
         threshold: None,
-        ceiling: ceiling.then(|| Line::new("ceiling", rows.iter().map(|r| (r.load, 1.0)).collect())),
+        ceiling: ceiling.then(|| {
+            let mut loads: Vec<f64> = rows.iter().map(|r| r.load).collect();
+            loads.sort_by(f64::total_cmp);
+            loads.dedup();
+            Line::new("ceiling", loads.into_iter().map(|l| (l, 1.0)).collect())
+        }),
     };
     write_chart(dir, &chart("ceiling_fraction", "Smooth goodput / ceiling (mean and 95% interval over the repeats)", "fraction of the ceiling", |r| &r.ceiling_fraction, true))?;
     write_chart(dir, &chart("smooth_goodput", "Smooth goodput (mean and 95% interval over the repeats)", "benefit / s (closed loop: per request)", |r| &r.smooth_goodput, false))?;

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use pace_scheduler::slo::{Dist, Outcome, SloParams, WindowStats};
+use pace_scheduler::slo::{Dist, Outcome, SloClass, SloParams, WindowStats};
 use serde::{Deserialize, Serialize};
 
 use crate::client::RequestResult;
@@ -49,6 +49,30 @@ pub struct RunInfo {
     pub params: SloParams,
     /// Whether a binary SLO was given (`--goodput`); without one goodput fields are null.
     pub has_slo: bool,
+    /// `--priority-mix` (FRACTION:PRIORITY), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_mix: Option<String>,
+}
+
+/// The counted requests of one priority (reported when the run mixed several).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriorityRow {
+    /// vLLM's `priority` (lower is served first).
+    pub priority: i64,
+    /// The weight of its benefit, `2^-priority`.
+    pub weight: f64,
+    /// Counted requests of this priority.
+    pub counted: usize,
+    /// Of them, refused at admission.
+    pub rejected_frac: f64,
+    /// Of them, whose client left.
+    pub abandoned_frac: f64,
+    /// Their weighted benefit per request (a refusal scores 0).
+    pub benefit_per_request: f64,
+    /// Output tokens per second they would receive if served to the end (unweighted).
+    pub offered_output_tps: f64,
+    /// TPOT p50 of the served ones, seconds.
+    pub tpot_p50_served: f64,
 }
 
 /// A run's result file.
@@ -176,6 +200,10 @@ pub struct BenchResult {
     pub stats: WindowStats,
     /// Every request sent: timestamps, outcome, status, usage.
     pub timelines: Vec<RequestResult>,
+    /// The counted requests by priority, heaviest first (`--priority-mix`); empty when every
+    /// counted request weighs 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_priority: Vec<PriorityRow>,
 }
 
 /// `YYYYMMDD-HHMMSS` (UTC) of a Unix time.
@@ -285,7 +313,41 @@ pub fn summarize(run: &LoadRun, info: &RunInfo) -> BenchResult {
         info: info.clone(),
         stats: s,
         timelines: run.results.clone(),
+        by_priority: by_priority(&counted, window, &info.params),
     }
+}
+
+/// The counted requests grouped by their class weight (one group per priority), heaviest
+/// first; empty when every request weighs 1.
+fn by_priority(counted: &[&RequestResult], window: f64, params: &SloParams) -> Vec<PriorityRow> {
+    if counted.iter().all(|r| r.record.class.weight == 1.0) {
+        return Vec::new();
+    }
+    let mut groups: BTreeMap<i64, Vec<&RequestResult>> = BTreeMap::new();
+    for r in counted {
+        let priority = -(r.record.class.weight.log2().round() as i64);
+        groups.entry(priority).or_default().push(r);
+    }
+    groups
+        .into_iter()
+        .map(|(priority, rs)| {
+            let n = rs.len() as f64;
+            let count = |o: Outcome| rs.iter().filter(|r| r.record.outcome == o).count() as f64 / n;
+            let mut tpot: Vec<f64> =
+                rs.iter().filter(|r| r.record.outcome == Outcome::Completed && r.record.token_times.len() > 1).map(|r| r.record.tpot()).collect();
+            tpot.sort_by(f64::total_cmp);
+            PriorityRow {
+                priority,
+                weight: SloClass::priority_weight(priority),
+                counted: rs.len(),
+                rejected_frac: count(Outcome::Rejected),
+                abandoned_frac: count(Outcome::Abandoned),
+                benefit_per_request: rs.iter().map(|r| r.record.benefit(params)).sum::<f64>() / n,
+                offered_output_tps: rs.iter().map(|r| r.true_len.min(r.max_tokens)).sum::<usize>() as f64 / window,
+                tpot_p50_served: if tpot.is_empty() { 0.0 } else { pace_scheduler::slo::percentile_sorted(&tpot, 50.0) },
+            }
+        })
+        .collect()
 }
 
 fn dist_fields(d: &Dist) -> [(&'static str, f64); 6] {

@@ -21,7 +21,7 @@ use crate::client::Target;
 use crate::load::{run_load, LoadOptions};
 use crate::plots::{write_chart, write_grid, Chart, Line, Threshold};
 use crate::provenance::Provenance;
-use crate::report::{summarize, table, BenchResult, RunInfo};
+use crate::report::{summarize, table, BenchResult, PriorityRow, RunInfo};
 
 /// What the sweep varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +68,8 @@ pub struct SweepSpec {
     pub max_tokens_rule: pace_scheduler::slo::MaxTokensRule,
     /// Each request's patience, seconds.
     pub patience: Vec<f64>,
+    /// Each request's priority (empty: none sent).
+    pub priority: Vec<i64>,
     /// Arrival seed.
     pub seed: u64,
     /// Gamma shape of arrival gaps.
@@ -185,6 +187,10 @@ pub struct PointSummary {
     pub not_sent: usize,
     /// File with the full result, relative to the report directory.
     pub result_file: String,
+    /// The counted requests by priority (`--priority-mix`); empty when every counted request
+    /// weighs 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_priority: Vec<PriorityRow>,
 }
 
 impl PointSummary {
@@ -234,6 +240,7 @@ impl PointSummary {
             abandoned: s.abandoned,
             not_sent: r.not_sent,
             result_file,
+            by_priority: r.by_priority.clone(),
         }
     }
 }
@@ -329,7 +336,7 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
             continue;
         }
         let schedule = ArrivalProcess::new(load.rate, spec.burstiness)?.schedule(spec.prompts.len(), spec.seed);
-        let workload = crate::cli::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience);
+        let workload = crate::cli::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience, &spec.priority);
         let opts = LoadOptions { max_concurrency: load.max_concurrency, ..spec.options.clone() };
         let info = RunInfo {
             label: target.label.clone(),
@@ -391,8 +398,18 @@ pub fn headline(label: &str, points: &[PointSummary]) -> Headline {
 /// below a smooth goodput some target reached (which a single run's counted tokens can put a
 /// few percent above what it delivered in the window): a target did it, so the best any
 /// scheduler could do is at least that; a ceiling below a measured goodput is no ceiling.
+/// (With a priority mix smooth goodput is weighted, so its unweighted value, rebuilt from the
+/// priorities' rows, stands in.)
 pub fn theta(series: &[(String, Vec<PointSummary>)]) -> f64 {
-    series.iter().flat_map(|(_, p)| p.iter()).map(|p| p.delivered_tps.max(p.smooth_goodput)).fold(0.0, f64::max)
+    series.iter().flat_map(|(_, p)| p.iter()).map(|p| p.delivered_tps.max(unweighted_goodput(p))).fold(0.0, f64::max)
+}
+
+/// A point's smooth goodput with every request weighing 1.
+fn unweighted_goodput(p: &PointSummary) -> f64 {
+    if p.by_priority.is_empty() || p.window_s <= 0.0 {
+        return p.smooth_goodput;
+    }
+    p.by_priority.iter().map(|r| r.benefit_per_request / r.weight * r.counted as f64).sum::<f64>() / p.window_s
 }
 
 /// Sets every point's ceiling and fraction of it, from `theta`: per request for a closed loop
@@ -402,6 +419,12 @@ pub fn set_ceilings(series: &mut [(String, Vec<PointSummary>)], theta: f64, para
         (p.ceiling, p.ceiling_fraction) = if p.closed_loop {
             let c = pace_scheduler::sim::closed_loop_ceiling(p.load as usize, p.mean_served_len, theta, params);
             (c, pace_scheduler::slo::ceiling_fraction(p.benefit_per_request, c))
+        } else if !p.by_priority.is_empty() {
+            // The weighted ceiling: the engine's Theta tokens per second go to the heaviest
+            // offered first.
+            let offered: Vec<(f64, f64)> = p.by_priority.iter().map(|r| (r.weight, r.offered_output_tps)).collect();
+            let c = pace_scheduler::slo::weighted_ceiling(&offered, theta);
+            (c, pace_scheduler::slo::ceiling_fraction(p.smooth_goodput, c))
         } else {
             let c = pace_scheduler::slo::ceiling(p.offered_output_tps, theta);
             (c, pace_scheduler::slo::ceiling_fraction(p.smooth_goodput, c))
@@ -450,7 +473,10 @@ pub fn charts(series: &[(String, Vec<PointSummary>)], axis: Axis, params: &SloPa
         let (_, pts) = series.first()?;
         let closed = pts.iter().any(|p| p.closed_loop);
         match (name, closed) {
-            ("smooth_goodput", false) => Some(Line::new("ceiling: min(offered tok/s, Theta)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
+            ("smooth_goodput", false) => Some(Line::new(
+                if pts.iter().any(|p| !p.by_priority.is_empty()) { "ceiling: weighted (heaviest first)" } else { "ceiling: min(offered tok/s, Theta)" },
+                pts.iter().map(|p| (p.load, p.ceiling)).collect(),
+            )),
             ("benefit_per_request", true) => Some(Line::new("ceiling (fluid model)", pts.iter().map(|p| (p.load, p.ceiling)).collect())),
             ("ceiling_fraction", _) => Some(Line::new("ceiling", pts.iter().map(|p| (p.load, 1.0)).collect())),
             _ => None,
@@ -558,7 +584,14 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
             md,
             "- Ceiling: `min(offered output tok/s, Theta)` with Theta = {theta:.1} tok/s, the largest output throughput any \
              target delivered during the window at any load, or the largest smooth goodput if that is higher. `±` is a 95% interval from the spread of one run's \
-             per-request benefits."
+             per-request benefits.{}",
+            if spec.priority.iter().any(|&p| p != 0) {
+                " With a priority mix every request's benefit weighs `2^-priority` and the ceiling is the weighted one: Theta's tokens \
+                 go to the heaviest offered first (`pace_scheduler::slo::weighted_ceiling`); Theta compares delivered rates with the \
+                 unweighted smooth goodput."
+            } else {
+                ""
+            }
         ),
         Axis::Concurrency => writeln!(
             md,
@@ -600,6 +633,8 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
         let extra = first.map_or(String::new(), |x| {
             if x.closed_loop {
                 format!(": ceiling {:.1} per request", x.ceiling)
+            } else if !x.by_priority.is_empty() {
+                format!(": weighted ceiling {:.1} benefit/s, window {:.0} s", x.ceiling, x.window_s)
             } else {
                 format!(": ceiling {:.1} tok/s, window {:.0} s", x.ceiling, x.window_s)
             }
@@ -632,6 +667,31 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
                     x.counted,
                     x.completed,
                     x.failed
+                );
+            }
+        }
+    }
+    let mut weighted: Vec<&PointSummary> = series.iter().flat_map(|(_, p)| p.iter()).filter(|p| !p.by_priority.is_empty()).collect();
+    weighted.sort_by(|a, b| a.load.total_cmp(&b.load));
+    if !weighted.is_empty() {
+        md.push_str(
+            "\n## By priority\n\nThe counted requests of each priority (vLLM's `priority`, lower first; benefit weighted by `2^-priority`).\n\n\
+             | load | target | priority (weight) | counted | rejected | left | weighted benefit/req | TPOT p50 served |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for x in weighted {
+            for r in &x.by_priority {
+                let _ = writeln!(
+                    md,
+                    "| {} {unit} | {} | {} ({}) | {} | {} | {} | {:.1} | {:.0} ms |",
+                    x.load,
+                    x.label,
+                    r.priority,
+                    r.weight,
+                    r.counted,
+                    pct(r.rejected_frac),
+                    pct(r.abandoned_frac),
+                    r.benefit_per_request,
+                    r.tpot_p50_served * 1e3
                 );
             }
         }

@@ -232,6 +232,62 @@ async fn ab_repeats_with_new_seeds_and_reports_the_spread_and_the_paired_differe
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_mix_sends_vllm_priorities_and_scores_each_priority_against_the_weighted_ceiling() {
+    // A server that serves only requests with a negative priority and refuses the rest.
+    let mut cfg = common::Cfg::new(20, 10);
+    cfg.refuse_unprioritized = true;
+    let seen = cfg.priorities.clone();
+    let base = common::start(cfg).await;
+    let dir = tempdir("ab-priority");
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["ab", "--base-urls", &base, "--labels", "prio", "--request-rates", "20", "--num-prompts", "20", "--result-dir", d];
+    args.extend(["--priority-mix", "0.5:-2"]);
+    args.extend(SMALL);
+    args.extend(["ttft:200"]);
+    let BenchCommand::Ab(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    // Every request sent carries the simulator's draw for the same seed as vLLM's `priority`
+    // field, 0 included.
+    let drawn = "0.5:-2".parse::<pace_scheduler::sim::PriorityMix>().unwrap().draw(20, 5);
+    let point = pace_bench::sweep::read_point(&dir.join("points/prio-20.json.gz")).unwrap();
+    let mut want: Vec<i64> = point.timelines.iter().map(|t| drawn[t.index]).collect();
+    let mut got = seen.lock().unwrap().clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(want.contains(&-2) && want.contains(&0), "{want:?}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let p = &v["series"][0]["points"][0];
+    let rows = p["by_priority"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{p}");
+    let (heavy, light) = (&rows[0], &rows[1]);
+    assert_eq!((heavy["priority"].as_i64(), heavy["weight"].as_f64()), (Some(-2), Some(4.0)));
+    assert_eq!((light["priority"].as_i64(), light["weight"].as_f64()), (Some(0), Some(1.0)));
+    assert_eq!(heavy["rejected_frac"], 0.0);
+    assert_eq!(light["rejected_frac"], 1.0);
+    assert_eq!(light["benefit_per_request"], 0.0, "a refusal scores 0");
+    assert!(heavy["benefit_per_request"].as_f64().unwrap() > 4.0, "three tokens weigh 12, less a little lateness: {heavy}");
+    assert_eq!(heavy["counted"].as_u64().unwrap() + light["counted"].as_u64().unwrap(), p["counted"].as_u64().unwrap());
+    // Theta's tokens go to the heaviest first: the ceiling is the weighted one.
+    let offered = |r: &serde_json::Value| r["offered_output_tps"].as_f64().unwrap();
+    let theta = v["theta"].as_f64().unwrap();
+    let ceiling = pace_scheduler::slo::weighted_ceiling(&[(4.0, offered(heavy)), (1.0, offered(light))], theta);
+    assert!((p["ceiling"].as_f64().unwrap() - ceiling).abs() < 1e-9, "{p}");
+    assert!((p["ceiling_fraction"].as_f64().unwrap() - p["smooth_goodput"].as_f64().unwrap() / ceiling).abs() < 1e-9);
+    assert!(p["ceiling_fraction"].as_f64().unwrap() <= 1.0 + 1e-9, "no target beats the ceiling: {p}");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("## By priority") && md.contains("| -2 (4) |") && md.contains("priority mix 0.5:-2"), "{md}");
+    // Closed loops are refused: their per-request ceiling has no weights.
+    let mut closed = vec!["ab", "--base-urls", &base, "--max-concurrencies", "2", "--num-prompts", "4", "--result-dir", d, "--priority-mix", "0.5:-2"];
+    closed.extend(SMALL);
+    closed.extend(["ttft:200"]);
+    let BenchCommand::Ab(a) = parse(&closed) else { unreachable!() };
+    let err = pace_bench::cli::ab(&a).await.unwrap_err();
+    assert!(err.to_string().contains("open loops"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Writes a `pace` stand-in: a shell script that runs this test binary's `fake_pace_serve`.
 fn fake_pace(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;

@@ -61,6 +61,7 @@ fn info(params: SloParams) -> RunInfo {
         seed: 0,
         params,
         has_slo: true,
+        priority_mix: None,
     }
 }
 

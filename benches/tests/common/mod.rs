@@ -30,11 +30,23 @@ pub struct Cfg {
     pub hits: Arc<AtomicUsize>,
     /// Streams whose client went away before `[DONE]` (the server dropped the body).
     pub disconnects: Arc<AtomicUsize>,
+    /// The `priority` of every generation request received (0 when absent), in arrival order.
+    pub priorities: Arc<std::sync::Mutex<Vec<i64>>>,
+    /// Answer 503 to every request without a negative `priority` (a server that serves only
+    /// its priority traffic).
+    pub refuse_unprioritized: bool,
 }
 
 impl Cfg {
     pub fn new(first_ms: u64, itl_ms: u64) -> Self {
-        Self { first_ms, itl_ms, hits: Arc::new(AtomicUsize::new(0)), disconnects: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            first_ms,
+            itl_ms,
+            hits: Arc::new(AtomicUsize::new(0)),
+            disconnects: Arc::new(AtomicUsize::new(0)),
+            priorities: Arc::default(),
+            refuse_unprioritized: false,
+        }
     }
 }
 
@@ -169,6 +181,11 @@ async fn generate(State(cfg): State<Cfg>, chat: bool, body: Value) -> Response {
         return (StatusCode::BAD_REQUEST, Json(error_body("stream must be true", "invalid_request"))).into_response();
     }
     let usage = body.pointer("/stream_options/include_usage") == Some(&json!(true));
+    let priority = body.get("priority").and_then(Value::as_i64).unwrap_or(0);
+    cfg.priorities.lock().expect("not poisoned").push(priority);
+    if cfg.refuse_unprioritized && priority >= 0 {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(error_body("scripted: priority traffic only", "overloaded"))).into_response();
+    }
     match script(prompt) {
         Some(Ok(steps)) => sse(steps, chat, usage, cfg.disconnects.clone()),
         Some(Err((status, retry))) => {

@@ -224,6 +224,36 @@ impl std::str::FromStr for PriorityMix {
     }
 }
 
+impl PriorityMix {
+    /// Each of `n` requests' priority, drawn from `seed`: the simulator's clients and
+    /// `pace bench --priority-mix` mark the same requests for the same seed (one draw per
+    /// request, so the same seed marks the same requests at any fraction).
+    pub fn draw(&self, n: usize, seed: u64) -> Vec<i64> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0000_0000_0007);
+        (0..n)
+            .map(|_| {
+                let u: f64 = rng.random();
+                if u < self.fraction {
+                    self.priority
+                } else {
+                    0
+                }
+            })
+            .collect()
+    }
+
+    /// Whether no request gets a priority other than 0.
+    pub fn is_none(&self) -> bool {
+        self.fraction == 0.0 || self.priority == 0
+    }
+}
+
+impl std::fmt::Display for PriorityMix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.fraction, self.priority)
+    }
+}
+
 impl Default for ClientModel {
     /// The oracle of old runs: `max_tokens` is the true length and nobody leaves.
     fn default() -> Self {
@@ -241,10 +271,10 @@ impl ClientModel {
     /// client does when the context is full.
     pub fn apply(&self, reqs: &mut [SimRequest], seed: u64, max_model_len: usize) {
         let patience = self.patience.draw(reqs.len(), seed);
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0000_0000_0007);
+        let priorities = self.priority_mix.draw(reqs.len(), seed);
         // Per conversation: (stream length so far, restarts).
         let mut history: std::collections::HashMap<u64, (usize, u64)> = std::collections::HashMap::new();
-        for (r, p) in reqs.iter_mut().zip(patience) {
+        for ((r, p), priority) in reqs.iter_mut().zip(patience).zip(priorities) {
             if let Some(turn) = r.turn.as_mut() {
                 let (len, restarts) = history.entry(turn.conversation).or_insert((0, 0));
                 let room = |len: usize| max_model_len.saturating_sub(r.system + len + turn.question);
@@ -260,9 +290,7 @@ impl ClientModel {
                 history.get_mut(&turn.conversation).expect("inserted above").0 += turn.question + r.served_len();
             }
             r.patience = p;
-            // Drawn for every request, so the same seed marks the same requests at any fraction.
-            let u: f64 = rng.random();
-            r.priority = if u < self.priority_mix.fraction { self.priority_mix.priority } else { 0 };
+            r.priority = priority;
         }
     }
 }
