@@ -8,14 +8,19 @@
 # - Poisson arrivals at 0.5x, 1x, 1.5x and 2x of pace's saturation for SPAN seconds each (so
 #   every load has the same time to reach its steady state: the simulator shows fcfs's overload
 #   settling after about 80 s on this workload), of which the arrivals between 30% and 80% of
-#   the span are counted (115 to 460 requests), every run until its counted requests end;
+#   the span are counted (115 to 460 requests), every run until its counted requests end, with
+#   arrivals going on after the span (ARRIVAL_SPAN, twice SPAN) so the load stays on until then:
+#   when arrivals stopped at the span (the published report of 2026-12-01), the counted answers
+#   still running finished on a draining machine, which flattered fcfs's slow streams
+#   (benches/scripts/ab-repeats.sh says more);
 # - then the three ablations at 1.5x (a second report, ablations/; smooth and fcfs at 1.5x are in
 #   the first, on the same seeded workload).
 #
 # usage: benches/scripts/ab-vs-llama-cpp.sh [RESULT_DIR]
-#   SATURATION (1.64 req/s: `pace sim --preset cpu-smollm2`'s estimate on this workload, which
-#   `pace serve --scheduler fcfs` matches under overload: 280 delivered tok/s against the
-#   simulator's 295), FACTORS (0.5,1,1.5,2), SPAN (280 s), PATIENCE (exp:20), THREADS (2),
+#   SATURATION (2.06 req/s, measured 2026-12-03: `pace serve --scheduler fcfs` delivered 359
+#   tok/s inside the window under overload, and the answers average 174 tokens; it was 1.64 on
+#   2026-12-01, 280 tok/s, the simulator's cpu-smollm2 preset's estimate), FACTORS (0.5,1,1.5,2),
+#   SPAN (280 s), ARRIVAL_SPAN (twice SPAN), PATIENCE (exp:20), THREADS (2),
 #   LLAMA_DIR (/tmp/llama-cpp, built by tools/build-llama-cpp.sh), PACE
 #   (target/release/pace), POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth-no-admission,
 #   fcfs-admission,sarathi; empty to skip), SEED (42), RESUME (set to 1 to keep every point
@@ -26,9 +31,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-pace-bench-ab-vs-llama-cpp}
-SATURATION=${SATURATION:-1.64}
+SATURATION=${SATURATION:-2.06}
 FACTORS=${FACTORS:-0.5,1,1.5,2}
 SPAN=${SPAN:-280}
+ARRIVAL_SPAN=${ARRIVAL_SPAN:-$((2 * SPAN))}
 PATIENCE=${PATIENCE:-exp:20}
 THREADS=${THREADS:-2}
 POLICIES=${POLICIES:-smooth,fcfs,drop-late}
@@ -45,11 +51,12 @@ mkdir -p "$OUT"
 rates=$(python3 -c "print(','.join(f'{float(f) * $SATURATION:.3g}' for f in '$FACTORS'.split(',')))")
 rate15=$(python3 -c "print(f'{1.5 * $SATURATION:.3g}')")
 # Enough prompts for the highest load's span (they repeat in a new order beyond the 600).
-prompts=$(python3 -c "import math; print(math.ceil(max(float(f) for f in '$FACTORS'.split(',')) * $SATURATION * $SPAN * 1.2))")
+prompts=$(python3 -c "import math; print(math.ceil(max(float(f) for f in '$FACTORS'.split(',')) * $SATURATION * $ARRIVAL_SPAN * 1.2))")
+read -r wstart wend < <(python3 -c "print(0.3 * $SPAN / $ARRIVAL_SPAN, 0.8 * $SPAN / $ARRIVAL_SPAN)")
 
 # The workload every target gets (flags after the targets').
 common=(--endpoint /v1/chat/completions --dataset-name jsonl --dataset-path benches/data/chat-prompts.jsonl
-  --num-prompts "$prompts" --duration "$SPAN" --warmup-fraction 0.3 --window-end-fraction 0.8
+  --num-prompts "$prompts" --duration "$ARRIVAL_SPAN" --warmup-fraction "$wstart" --window-end-fraction "$wend"
   --max-tokens-rule cap:1024 --patience "$PATIENCE" --temperature 0
   --extra-body '{"frequency_penalty": 0.5}' --tokenizer "$MODEL" --goodput ttft:5000 tpot:100
   --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm ${RESUME:+--resume})
