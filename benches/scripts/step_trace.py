@@ -7,7 +7,9 @@ the machine's recent speed), `fitted` (the fitted model alone) and `measured` se
 predicted / measured for both; the best fixed model of the shape (least squares on relative
 error, fitted on the first half of the steps and scored on the second), a floor for any model
 that sees only the shape; the autocorrelation of the fitted model's log error (a drift in the
-machine's speed, which no shape explains); and the spread of decode-only steps of one shape.
+machine's speed, which no shape explains); what online speed corrections of the fitted model
+(exponentially weighted means of several weights, medians of the last steps) reach on the same
+steps; and the spread of decode-only steps of one shape.
 
 usage: step_trace.py steps.jsonl   (needs numpy)
 """
@@ -44,6 +46,19 @@ def main():
     e = np.log(meas / fitted)
     print(f"autocorrelation of ln(measured / fitted): lag 1 {np.corrcoef(e[:-1], e[1:])[0, 1]:.2f}, "
           f"lag 5 {np.corrcoef(e[:-5], e[5:])[0, 1]:.2f}, lag 50 {np.corrcoef(e[:-50], e[50:])[0, 1]:.2f}")
+    # What any online speed correction of the fitted model could reach on these steps: the
+    # planned prediction is fitted x exp(c), c learned from the earlier steps' log errors only.
+    print("online speed corrections of the fitted model (from earlier steps only), predicted / measured:")
+    for w_new in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0):
+        c, m = np.zeros_like(e), 0.0
+        for i, x in enumerate(e):
+            c[i] = m
+            m = (1 - w_new) * m + w_new * x
+        summary(f"  exponentially weighted mean, newest step weighs {w_new}", np.exp(c - e))
+    for k in (3, 5, 9):
+        c = np.array([np.median(e[max(0, i - k):i]) if i else 0.0 for i in range(len(e))])
+        summary(f"  median of the last {k} steps", np.exp(c - e))
+    print(f"  step-to-step noise: sd of ln(measured / fitted) {e.std():.3f}, of its step-to-step change / sqrt(2) {np.diff(e).std() / np.sqrt(2):.3f}")
     print("decode-only steps of one decode count (context varies a little), measured seconds:")
     for d in (1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 96, 128):
         m = (P == 0) & (D == d)
