@@ -49,7 +49,8 @@ impl ServeProcess {
     pub fn spawn(cfg: &ServeConfig, policy: &str) -> Result<Self> {
         let port = free_port()?;
         std::fs::create_dir_all(&cfg.log_dir).with_context(|| format!("creating {}", cfg.log_dir.display()))?;
-        let log = cfg.log_dir.join(format!("serve-{policy}.log"));
+        // Policies with constants set (`smooth:KEY=VALUE`) name their log file by a slug.
+        let log = cfg.log_dir.join(format!("serve-{}.log", crate::sweep::slug(policy)));
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let child = Command::new(&cfg.bin)

@@ -245,7 +245,9 @@ impl PointSummary {
     }
 }
 
-fn slug(s: &str) -> String {
+/// `s` as a file name: ASCII letters, digits, `.` and `-`, anything else `_`
+/// (`smooth:feed_quantile=0.75` -> `smooth_feed_quantile_0.75`).
+pub fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
 }
 
