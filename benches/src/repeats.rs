@@ -154,6 +154,14 @@ pub fn summarize(runs: &[Repeat]) -> (Vec<TargetAtLoad>, Vec<Paired>) {
     (out, paired)
 }
 
+/// The loads of `rows`, in order, once each.
+fn loads(rows: &[TargetAtLoad]) -> Vec<f64> {
+    let mut loads: Vec<f64> = rows.iter().map(|r| r.load).collect();
+    loads.sort_by(f64::total_cmp);
+    loads.dedup();
+    loads
+}
+
 fn pct(v: f64) -> String {
     format!("{:.1}%", v * 100.0)
 }
@@ -195,12 +203,7 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
             })
             .collect(),
         threshold: None,
-        ceiling: ceiling.then(|| {
-            let mut loads: Vec<f64> = rows.iter().map(|r| r.load).collect();
-            loads.sort_by(f64::total_cmp);
-            loads.dedup();
-            Line::new("ceiling", loads.into_iter().map(|l| (l, 1.0)).collect())
-        }),
+        ceiling: ceiling.then(|| Line::new("ceiling", loads(&rows).into_iter().map(|l| (l, 1.0)).collect())),
     };
     write_chart(dir, &chart("ceiling_fraction", "Smooth goodput / ceiling (mean and 95% interval over the repeats)", "fraction of the ceiling", |r| &r.ceiling_fraction, true))?;
     write_chart(dir, &chart("smooth_goodput", "Smooth goodput (mean and 95% interval over the repeats)", "benefit / s (closed loop: per request)", |r| &r.smooth_goodput, false))?;
@@ -210,23 +213,12 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
 
 fn markdown(title: &str, runs: &[Repeat], rows: &[TargetAtLoad], paired: &[Paired], prov: &Provenance) -> String {
     let first = &runs[0];
-    let unit = match first.spec.axis {
-        crate::sweep::Axis::RequestRate => "req/s",
-        crate::sweep::Axis::Concurrency => "in flight",
-    };
-    let p = &first.spec.info.params;
+    let unit = first.spec.axis.unit();
     let mut md = format!("# {title}\n\n{}", prov.markdown());
     let seeds: Vec<String> = runs.iter().map(|r| format!("[{}]({}/report.md)", r.seed, r.dir)).collect();
     let _ = writeln!(md, "- Repeats: {} with seeds {} (each a full A/B report: its points, logs and plots)", runs.len(), seeds.join(", "));
     let _ = writeln!(md, "- Workload of the first repeat: {}", first.spec.workload_desc);
-    let _ = writeln!(
-        md,
-        "- Smooth goodput: reading rate q = {} tok/s, first-token grace g = {} ms, alpha = {}, penalty f = {}",
-        p.default_class.reading_rate,
-        p.default_class.grace * 1e3,
-        p.alpha,
-        p.penalty
-    );
+    let _ = writeln!(md, "{}", crate::sweep::smooth_goodput_line(&first.spec.info.params));
     let _ = writeln!(
         md,
         "- Each repeat is measured and its ceiling set as a single A/B report says (its own Theta). Here, per load and target: \
@@ -235,10 +227,7 @@ fn markdown(title: &str, runs: &[Repeat], rows: &[TargetAtLoad], paired: &[Paire
          target gets the same prompts, arrivals and clients, so the paired difference below is the comparison to read.\n"
     );
     md.push_str("![fraction of the ceiling](ceiling_fraction.svg)\n\n## Fraction of the ceiling\n");
-    let mut loads: Vec<f64> = rows.iter().map(|r| r.load).collect();
-    loads.sort_by(f64::total_cmp);
-    loads.dedup();
-    for load in &loads {
+    for load in &loads(rows) {
         let _ = writeln!(
             md,
             "\n### {load} {unit}\n\n| target | per repeat | median | mean ± 95% | pooled | rejected (median) | left (median) | TPOT p50 served (median) | counted |\n|---|---|---|---|---|---|---|---|---|"

@@ -42,7 +42,8 @@ impl Axis {
         }
     }
 
-    fn unit(&self) -> &'static str {
+    /// Unit of a load on this axis.
+    pub fn unit(&self) -> &'static str {
         match self {
             Axis::RequestRate => "req/s",
             Axis::Concurrency => "in flight",
@@ -541,6 +542,17 @@ pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &mut [(St
     Ok(())
 }
 
+/// The report line naming smooth goodput's parameters.
+pub fn smooth_goodput_line(p: &SloParams) -> String {
+    format!(
+        "- Smooth goodput: reading rate q = {} tok/s, first-token grace g = {} ms, alpha = {}, penalty f = {}",
+        p.default_class.reading_rate,
+        p.default_class.grace * 1e3,
+        p.alpha,
+        p.penalty
+    )
+}
+
 fn fmt_load(v: Option<f64>, unit: &str) -> String {
     v.map_or("none reached".to_string(), |v| format!("{v} {unit}"))
 }
@@ -566,14 +578,7 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
         "- Binary SLO (`--goodput`): {}",
         if spec.info.has_slo { format!("`{}`", p.binary) } else { "none given: every completed request passes".into() }
     );
-    let _ = writeln!(
-        md,
-        "- Smooth goodput: reading rate q = {} tok/s, first-token grace g = {} ms, alpha = {}, penalty f = {}",
-        p.default_class.reading_rate,
-        p.default_class.grace * 1e3,
-        p.alpha,
-        p.penalty
-    );
+    let _ = writeln!(md, "{}", smooth_goodput_line(p));
     let _ = writeln!(
         md,
         "- Measured as `../shared/docs/evaluation.md` asks: only requests scheduled inside the measurement window are counted \
