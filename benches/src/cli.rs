@@ -230,7 +230,8 @@ pub struct AbArgs {
     /// and clients each time, the same for every target within a repeat). Each repeat writes a
     /// full report under `seed-S/`; `report.md` at the top gives every target's median, mean
     /// and 95% interval over the repeats, and the first target's paired difference from each
-    /// other one.
+    /// other one. The run order rotates (repeat k starts with the k-th target), so a machine
+    /// whose speed drifts over a repeat does not always favour the same target.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeats: u32,
     #[command(flatten)]
@@ -519,7 +520,7 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
     }
     let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-ab-{}", date())));
     if a.repeats == 1 {
-        let (spec, mut series) = ab_once(a, w, &dir).await?;
+        let (spec, mut series, _) = ab_once(a, w, &dir, 0).await?;
         write_report(&dir, &ab_title(&series), &spec, &mut series, &prov)?;
         println!("wrote {}", dir.join("report.md").display());
         return Ok(());
@@ -531,9 +532,9 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
         eprintln!("repeat {} of {} (seed {seed})", r + 1, a.repeats);
         let w = WorkloadArgs { seed: Some(seed), ..w.clone() };
         let sub = dir.join(format!("seed-{seed}"));
-        let (spec, mut series) = ab_once(a, &w, &sub).await?;
+        let (spec, mut series, order) = ab_once(a, &w, &sub, r as usize).await?;
         write_report(&sub, &ab_title(&series), &spec, &mut series, &prov)?;
-        runs.push(crate::repeats::Repeat { seed, dir: format!("seed-{seed}"), spec, series });
+        runs.push(crate::repeats::Repeat { seed, dir: format!("seed-{seed}"), spec, series, order });
     }
     let title = format!("{} ({} repeats)", ab_title(&runs[0].series), runs.len());
     crate::repeats::write_report(&dir, &title, &runs, &prov)?;
@@ -546,16 +547,21 @@ fn ab_title(series: &[(String, Vec<PointSummary>)]) -> String {
 }
 
 /// One A/B over every load into `dir` (its points and server logs); the report is the caller's.
-async fn ab_once(a: &AbArgs, w: &WorkloadArgs, dir: &std::path::Path) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>)> {
+/// The targets run one after another (URLs in `--base-urls` order, then the policies), starting
+/// `rotate` places into that list and wrapping round, so that repeats can counterbalance the
+/// order: a machine whose speed drifts over a repeat would otherwise always favour the same
+/// target. The series come back in the listed order, with the labels in the order they ran.
+async fn ab_once(
+    a: &AbArgs,
+    w: &WorkloadArgs,
+    dir: &std::path::Path,
+    rotate: usize,
+) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>, Vec<String>)> {
     let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let client = http_client(256)?;
-    let mut series: Vec<(String, Vec<PointSummary>)> = Vec::new();
-    for (i, url) in a.base_urls.iter().enumerate() {
-        let label = a.labels.get(i).cloned().unwrap_or_else(|| url.clone());
-        let t = target(&client, &label, url, w).await?;
-        series.push((label, run_series(&client, &t, &spec, dir).await?));
-    }
-    if !a.scheduler.is_empty() {
+    let cfg = if a.scheduler.is_empty() {
+        None
+    } else {
         let bin = match &a.pace_bin {
             Some(b) => b.clone(),
             None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
@@ -565,30 +571,47 @@ async fn ab_once(a: &AbArgs, w: &WorkloadArgs, dir: &std::path::Path) -> Result<
             args.extend(["--model".to_string(), m.clone()]);
         }
         args.extend(a.serve_arg.iter().cloned());
-        let cfg = ServeConfig {
+        Some(ServeConfig {
             bin,
             args,
             start_timeout: a.server_start_timeout,
             stop_timeout: a.server_stop_timeout,
             log_dir: dir.join("logs"),
-        };
-        for policy in &a.scheduler {
+        })
+    };
+    let urls = a.base_urls.len();
+    let n = urls + a.scheduler.len();
+    let mut done: Vec<Option<(String, Vec<PointSummary>)>> = vec![None; n];
+    let mut order = Vec::with_capacity(n);
+    for k in 0..n {
+        let j = (k + rotate) % n;
+        let ran = if j < urls {
+            let url = &a.base_urls[j];
+            let label = a.labels.get(j).cloned().unwrap_or_else(|| url.clone());
+            let t = target(&client, &label, url, w).await?;
+            (label, run_series(&client, &t, &spec, dir).await?)
+        } else {
+            let policy = &a.scheduler[j - urls];
+            let cfg = cfg.as_ref().context("a policy target without a server configuration")?;
             if let Some(points) = resumed_series(&spec, dir, policy)? {
                 eprintln!("[{policy}] every point is in {}: reused", dir.display());
-                series.push((policy.clone(), points));
-                continue;
+                (policy.clone(), points)
+            } else {
+                eprintln!("starting pace serve --scheduler {policy}");
+                let mut server = ServeProcess::spawn(cfg, policy)?;
+                server.wait_ready(&client, cfg.start_timeout).await?;
+                let t = target(&client, policy, &server.base_url, w).await?;
+                let points = run_series(&client, &t, &spec, dir).await?;
+                let status = server.stop().await?;
+                if !status.success() {
+                    eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
+                }
+                (policy.clone(), points)
             }
-            eprintln!("starting pace serve --scheduler {policy}");
-            let mut server = ServeProcess::spawn(&cfg, policy)?;
-            server.wait_ready(&client, cfg.start_timeout).await?;
-            let t = target(&client, policy, &server.base_url, w).await?;
-            let points = run_series(&client, &t, &spec, dir).await?;
-            let status = server.stop().await?;
-            if !status.success() {
-                eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
-            }
-            series.push((policy.clone(), points));
-        }
+        };
+        order.push(ran.0.clone());
+        done[j] = Some(ran);
     }
-    Ok((spec, series))
+    let series = done.into_iter().flatten().collect();
+    Ok((spec, series, order))
 }

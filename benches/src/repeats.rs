@@ -33,6 +33,8 @@ pub struct Repeat {
     pub spec: SweepSpec,
     /// Every target's points, ceilings set (`sweep::write_report` sets them).
     pub series: Vec<(String, Vec<PointSummary>)>,
+    /// The targets' labels in the order they ran (rotated from one repeat to the next).
+    pub order: Vec<String>,
 }
 
 /// Summary of a few numbers: every value, median, mean and the 95% half-width over them.
@@ -179,6 +181,7 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
         "axis": axis,
         "seeds": runs.iter().map(|r| r.seed).collect::<Vec<_>>(),
         "repeat_dirs": runs.iter().map(|r| &r.dir).collect::<Vec<_>>(),
+        "run_orders": runs.iter().map(|r| &r.order).collect::<Vec<_>>(),
         "workload": runs.iter().map(|r| &r.spec.workload_desc).collect::<Vec<_>>(),
         "params": first.spec.info.params,
         "targets": rows,
@@ -218,6 +221,13 @@ fn markdown(title: &str, runs: &[Repeat], rows: &[TargetAtLoad], paired: &[Paire
     let seeds: Vec<String> = runs.iter().map(|r| format!("[{}]({}/report.md)", r.seed, r.dir)).collect();
     let _ = writeln!(md, "- Repeats: {} with seeds {} (each a full A/B report: its points, logs and plots)", runs.len(), seeds.join(", "));
     let _ = writeln!(md, "- Workload of the first repeat: {}", first.spec.workload_desc);
+    let orders: Vec<String> = runs.iter().map(|r| format!("{}: {}", r.seed, r.order.join(", "))).collect();
+    let _ = writeln!(
+        md,
+        "- Run order, rotated so that each repeat starts with the next target and a drift of the machine's speed over a \
+         repeat does not always favour the same one: {}",
+        orders.join("; ")
+    );
     let _ = writeln!(md, "{}", crate::sweep::smooth_goodput_line(&first.spec.info.params));
     let _ = writeln!(
         md,

@@ -229,6 +229,14 @@ async fn ab_repeats_with_new_seeds_and_reports_the_spread_and_the_paired_differe
         assert_eq!(p["ahead"], 2, "{p}");
     }
     assert!(md.contains("| fast | slow |") && md.contains("2 of 2"), "{md}");
+    // The run order rotates: the second repeat starts with the second target (its points are
+    // written first), and its report still lists the targets in the order given.
+    assert_eq!(r["run_orders"], serde_json::json!([["fast", "slow"], ["slow", "fast"]]));
+    assert!(md.contains("5: fast, slow; 6: slow, fast"), "{md}");
+    let written = |seed: u64, label: &str| std::fs::metadata(dir.join(format!("seed-{seed}/points/{label}-30.json.gz"))).unwrap().modified().unwrap();
+    assert!(written(5, "fast") < written(5, "slow"), "seed 5 ran fast first");
+    assert!(written(6, "slow") < written(6, "fast"), "seed 6 ran slow first");
+    assert_eq!(per_seed[1]["series"][0]["label"], "fast");
     std::fs::remove_dir_all(&dir).ok();
 }
 
