@@ -186,7 +186,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 9] = [
+pub const SMOOTH_KEYS: [&str; 10] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -196,6 +196,7 @@ pub const SMOOTH_KEYS: [&str; 9] = [
     "capped_slack",
     "end_by_benefit",
     "displace",
+    "feed_target",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -216,6 +217,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "capped_slack" if v >= 1.0 => c.capped_slack = v,
             "end_by_benefit" => c.end_by_benefit = v > 0.0,
             "displace" => c.displace = v > 0.0,
+            "feed_target" => c.feed_target = v,
             _ => return None,
         }
     }

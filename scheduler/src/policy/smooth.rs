@@ -143,6 +143,13 @@ pub struct SmoothConfig {
     /// a weight), the order the door's prediction assumes. With one weight both are the plain
     /// door and the plain order.
     pub displace: bool,
+    /// The pace the feed limit holds the running streams to, as tokens delivered over tokens
+    /// read (key `feed_target`; 0 turns the feedback off for the ablation, docs/sim). The feed
+    /// limit's share of the machine is scaled by what the running streams actually got: when
+    /// they get their tokens slower than this, the share shrinks; when they get them faster and
+    /// the limit is what holds the queue back, it grows ([`FeedControl`]). 1.05 leaves a 5%
+    /// margin for a step that runs slow, which a reader's buffer then absorbs.
+    pub feed_target: f64,
 }
 
 impl Default for SmoothConfig {
@@ -159,6 +166,7 @@ impl Default for SmoothConfig {
             capped_slack: f64::INFINITY,
             end_by_benefit: false,
             displace: true,
+            feed_target: 1.05,
         }
     }
 }
@@ -180,6 +188,91 @@ pub struct Smooth {
     finishes: Vec<(f64, f64, f64, f64)>,
     /// Whether the clients are a closed loop (see [`Loop`]).
     population: Loop,
+    /// What the running streams got against what their readers read (see [`FeedControl`]).
+    control: FeedControl,
+}
+
+/// Feedback for the feed limit: did the running streams get their tokens at their readers'
+/// pace? The limit prices each stream's share of the machine with the step-cost model and keeps
+/// a margin for steps that run slower than predicted (`feed_quantile`); both are predictions, and
+/// on a machine whose step times scatter widely (this project's 2-core CPU: measured over
+/// predicted p90 about 1.15) the margin alone held the streams at 0.85 of their reading interval,
+/// a sixth of the machine unused while requests were refused. So the limit is also scaled by
+/// what the streams measurably got: over the last few seconds, the tokens delivered to the
+/// streams that were decoding against the tokens their readers read in that time (`q * dt`
+/// each). Below `feed_target` the scale shrinks; above it, and only while the limit is what
+/// keeps a waiting request out (otherwise a light load, whose streams run fast by themselves,
+/// would wind it up), it grows. Its time constant ([`Self::SETTLE_S`]) is several measurement
+/// windows, so a change has shown in the streams' pace before the next one builds on it.
+#[derive(Debug, Clone)]
+struct FeedControl {
+    /// The decode-ready streams at the last plan: (id, output tokens, reading rate), by id.
+    prev: Vec<(u64, usize, f64)>,
+    /// Engine time of the last plan.
+    prev_now: f64,
+    /// Exponentially fading sums ([`Self::MEASURE_S`]): tokens their readers read, tokens the
+    /// streams got.
+    read: f64,
+    got: f64,
+    /// The scale's logarithm.
+    log_scale: f64,
+    /// At the last plan: a request was waiting; the feed limit's share of the machine is what
+    /// kept one out.
+    queued: bool,
+    held: bool,
+}
+
+impl Default for FeedControl {
+    fn default() -> Self {
+        Self { prev: Vec::new(), prev_now: f64::NEG_INFINITY, read: 0.0, got: 0.0, log_scale: 0.0, queued: false, held: false }
+    }
+}
+
+impl FeedControl {
+    /// Memory of the measurement, seconds.
+    const MEASURE_S: f64 = 5.0;
+    /// Time constant of the scale, seconds.
+    const SETTLE_S: f64 = 30.0;
+    /// Fewest tokens read in the measurement before it is trusted.
+    const MIN_READ: f64 = 50.0;
+    /// Bounds of the scale.
+    const MAX_LOG: f64 = std::f64::consts::LN_2;
+
+    fn scale(&self) -> f64 {
+        self.log_scale.exp()
+    }
+
+    /// Measures what the streams decoding since the last plan got, then moves the scale
+    /// towards `target` (delivered over read) for the `dt` since that plan: down while anyone
+    /// waited, up only while the limit's time share was what kept a request waiting. With
+    /// nobody waiting the limit decides nothing, and the scale is left where it is.
+    fn observe(&mut self, ctx: &PolicyContext<'_>, target: f64) {
+        let dt = ctx.now - self.prev_now;
+        if dt.is_finite() && dt > 0.0 {
+            let (mut read, mut got) = (0.0, 0.0);
+            for v in ctx.running {
+                if let Ok(i) = self.prev.binary_search_by_key(&v.id, |p| p.0) {
+                    let (_, out, q) = self.prev[i];
+                    read += q * dt;
+                    got += v.num_output.saturating_sub(out) as f64;
+                }
+            }
+            let fade = (-dt / Self::MEASURE_S).exp();
+            self.read = self.read * fade + read;
+            self.got = self.got * fade + got;
+            if self.read >= Self::MIN_READ && target > 0.0 {
+                let err = (self.got / self.read / target).ln().clamp(-0.5, 0.2);
+                if (err < 0.0 && self.queued) || self.held {
+                    let step = (dt / Self::SETTLE_S).min(1.0) * err;
+                    self.log_scale = (self.log_scale + step).clamp(-Self::MAX_LOG, Self::MAX_LOG);
+                }
+            }
+        }
+        self.prev_now = ctx.now;
+        self.prev.clear();
+        self.prev.extend(ctx.running.iter().filter(|v| v.uncomputed() == 1 && v.num_output > 0).map(|v| (v.id, v.num_output, v.class.reading_rate)));
+        self.prev.sort_unstable_by_key(|p| p.0);
+    }
 }
 
 /// Is the client population closed? Refusing a request under overload helps only if the demand
@@ -385,7 +478,10 @@ impl Smooth {
         if !self.cfg.feed_limit {
             return f64::INFINITY;
         }
-        let share = 1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0);
+        let mut share = 1.0 / ctx.cost.ratio_quantile(self.cfg.feed_quantile).max(1.0);
+        if self.cfg.feed_target > 0.0 {
+            share *= self.control.scale();
+        }
         match ctx.slo.penalty {
             Penalty::Capped(_) => share * self.cfg.capped_slack,
             _ => share,
@@ -609,6 +705,9 @@ impl Policy for Smooth {
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
         let now = ctx.now;
         let c = ctx.cost.effective();
+        if self.cfg.feed_limit {
+            self.control.observe(ctx, self.cfg.feed_target);
+        }
         if self.cfg.end_by_benefit {
             Self::end_by_benefit(ctx, &c, out);
         }
@@ -685,6 +784,9 @@ impl Policy for Smooth {
 
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
         let mut feed_full = false;
+        // Whether the feed limit's share of the machine (not memory, not `max_num_seqs`) is
+        // what kept a waiting request out.
+        let mut time_held = false;
         let mut next_cand = 0;
         let mut partial: Option<(usize, usize)> = None; // (grant index, tokens granted) of a cut chunk
         let mut prefill = |limit_tokens: usize, time: &mut f64, tokens_left: &mut usize, out: &mut Decisions| {
@@ -715,6 +817,9 @@ impl Policy for Smooth {
                 let mut started = None;
                 if !running {
                     let with = feed.with_waiting(ctx, &c, v, kappa);
+                    if !feed_full && slots > 0 && !feed.is_empty() && with.utilisation(c.base_s) > feed_cap {
+                        time_held = true;
+                    }
                     if feed_full || slots == 0 || (!feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap)) {
                         feed_full = true;
                         next_cand += 1;
@@ -756,6 +861,8 @@ impl Policy for Smooth {
             tokens_left -= 1;
         }
         prefill(usize::MAX, &mut time, &mut tokens_left, out);
+        self.control.queued = !ctx.waiting.is_empty();
+        self.control.held = time_held;
 
         // When blocks run out: the stream that loses least per block it frees goes first. A
         // preempted stream is recomputed later (its tokens prefilled again at full steps); it
