@@ -187,6 +187,10 @@ pub struct SchedulerStats {
     /// Of those, tokens found cached when the requests started.
     #[serde(default)]
     pub prefix_cache_hits: u64,
+    /// The scale smooth's feed limit has learned from what its streams got (`None` for a
+    /// policy without one; [`crate::policy::SmoothConfig::feed_target`]).
+    #[serde(default)]
+    pub feed_limit_scale: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -911,6 +915,7 @@ impl Scheduler {
             steps: self.step,
             prefix_cache_queries: self.prefix_queries,
             prefix_cache_hits: self.prefix_hits,
+            feed_limit_scale: self.policy.feed_scale(),
         }
     }
 }

@@ -170,6 +170,12 @@ pub trait Policy: Send {
 
     /// Decide one step.
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions);
+
+    /// The scale its feed limit has learned from what its running streams got (smooth's
+    /// [`SmoothConfig::feed_target`]); `None` for a policy without one.
+    fn feed_scale(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Every name [`by_name`] accepts, the one list of them: the policies (`smooth`, `fcfs`, the

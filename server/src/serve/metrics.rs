@@ -243,6 +243,7 @@ fn describe() {
     describe_gauge!("pace_inflight_max_idle_latency_seconds", "Largest idle latency among requests still streaming.");
     describe_gauge!("pace_num_requests_running", "Requests in the running batch.");
     describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
+    describe_gauge!("pace_feed_limit_scale", "smooth: the scale its feed limit learned from the tokens its running streams got against what their readers read (1: the cost model's own limit).");
     describe_gauge!("pace_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1, as vLLM's kv_cache_usage_perc).");
     describe_gauge!("pace_cache_config_info", "The KV cache's configuration, as labels (value 1).");
     describe_counter!("pace_requests_total", "Every request that ended, by finish reason: rejected and failed ones included.");
@@ -332,6 +333,9 @@ pub fn publish_engine(s: &SchedulerStats) {
     counter!("pace_num_preemptions_total").absolute(s.preemptions);
     counter!("pace_prefix_cache_queries_total").absolute(s.prefix_cache_queries);
     counter!("pace_prefix_cache_hits_total").absolute(s.prefix_cache_hits);
+    if let Some(scale) = s.feed_limit_scale {
+        gauge!("pace_feed_limit_scale").set(scale);
+    }
 }
 
 /// A request in flight, as the server has delivered it so far.
