@@ -119,6 +119,24 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
     eventually(&s, 30, "idle after the new request", idle).await;
 }
 
+/// smooth's experimental feed-limit feedback (`smooth:feed_target=T`) exports the scale it
+/// learned, within its bounds; plain smooth has no such series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_limit_scale_is_exported_when_the_feedback_is_on() {
+    for (scheduler, on) in [("smooth:feed_target=1.05", true), ("smooth", false)] {
+        let s = Server::start(&["--scheduler", scheduler]);
+        let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Count:", "max_tokens": 4, "ignore_eos": true})).await;
+        assert_eq!(st, 200, "{scheduler}: {v}");
+        let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
+        let scale = text.lines().find(|l| l.starts_with("pace_feed_limit_scale{")).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if on {
+            assert!(scale.is_some_and(|x| (0.5..=2.0).contains(&x)), "{scheduler}: pace_feed_limit_scale {scale:?}");
+        } else {
+            assert_eq!(scale, None, "{scheduler}: no feedback, no scale");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_answers_429_with_retry_after_counts_it_and_recovers() {
     let s = Server::start(&["--scheduler", "fcfs", "--max-num-seqs", "1", "--max-queue-requests", "2"]);
