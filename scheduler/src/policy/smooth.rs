@@ -206,11 +206,11 @@ pub struct Smooth {
 /// (`feed_quantile`); both are predictions, and on a machine whose step times scatter widely
 /// (this project's 2-core CPU: measured over predicted p90 about 1.15) served TPOT p50 sat at
 /// 0.85-0.9 of the reading interval while the door refused a third of the requests. So the limit
-/// can also be scaled by what the streams measurably got: over the last few seconds, the tokens delivered to the
-/// streams that were decoding against the tokens their readers read in that time (`q * dt`
-/// each). Below `feed_target` the scale shrinks; above it, and only while the limit is what
-/// keeps a waiting request out (otherwise a light load, whose streams run fast by themselves,
-/// would wind it up), it grows. Its time constant ([`Self::SETTLE_S`]) is several measurement
+/// can also be scaled by what the streams measurably got: over the last few seconds, the tokens
+/// delivered to the streams that were decoding against the tokens their readers read in that
+/// time (`q * dt` each). Below `feed_target` the scale shrinks; above it, and only while the
+/// limit is what keeps requests out, in the queue or at the door (otherwise a light load, whose
+/// streams run fast by themselves, would wind it up), it grows. Its time constant ([`Self::SETTLE_S`]) is several measurement
 /// windows, so a change has shown in the streams' pace before the next one builds on it.
 #[derive(Debug, Clone)]
 struct FeedControl {
