@@ -9,6 +9,7 @@
 mod ablations;
 mod drop_late;
 mod fcfs;
+mod feed_control;
 mod smooth;
 
 pub use ablations::{FcfsAdmission, Sarathi};
