@@ -22,7 +22,10 @@
 #   requests with vLLM's priority -2, weighs their benefit 4 and scores against the weighted
 #   ceiling; each repeat's report gets a "By priority" table), RESUME (set to 1 to reuse every
 #   point already in RESULT_DIR and run only the missing ones; with a smaller REPEATS it writes
-#   the summary over the repeats that ran).
+#   the summary over the repeats that ran), SIDE_BY_SIDE (unset; a CPU set per policy, e.g. 0/1:
+#   the policies run at the same time, each server on its own CPUs, so that the machine's speed
+#   drifts for all of them at once: `pace bench ab --side-by-side --serve-cpus`; set THREADS to
+#   the CPUs in one set, and SATURATION to what one such server sustains).
 # About 6 minutes per point at 2x (until the counted answers end: a 1024-token answer at the
 # reading rate takes about 3.4 minutes), REPEATS x policies x loads of them (about an hour by
 # default) on this project's 2-core machine, which should be otherwise quiet.
@@ -53,4 +56,5 @@ echo "loads: $rates req/s (x $SATURATION req/s saturation), $REPEATS repeats fro
   --num-prompts "$prompts" --duration "$ARRIVAL_SPAN" --warmup-fraction "$wstart" --window-end-fraction "$wend" \
   --max-tokens-rule cap:1024 --patience "$PATIENCE" --temperature 0 \
   --extra-body '{"frequency_penalty": 0.5}' --tokenizer "$MODEL" --goodput ttft:5000 tpot:100 \
-  --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm ${PRIORITY_MIX:+--priority-mix "$PRIORITY_MIX"} ${RESUME:+--resume}
+  --reading-rate 5 --alpha 2.5 --seed "$SEED" --time-limit 900 --disable-tqdm ${PRIORITY_MIX:+--priority-mix "$PRIORITY_MIX"} ${RESUME:+--resume} \
+  ${SIDE_BY_SIDE:+--side-by-side --serve-cpus "$SIDE_BY_SIDE"}

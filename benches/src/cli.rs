@@ -234,6 +234,19 @@ pub struct AbArgs {
     /// whose speed drifts over a repeat does not always favour the same target.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeats: u32,
+    /// Run the targets at the same time instead of one after another: each load starts for
+    /// every target at once, each with its own copy of the workload (the same prompts, arrivals
+    /// and clients). A machine whose speed drifts then slows every target together, and the
+    /// paired difference does not carry the drift. The targets share the machine: give each
+    /// started server its own CPUs (--serve-cpus) and a thread count to match
+    /// (--serve-arg=--threads=N).
+    #[arg(long)]
+    pub side_by_side: bool,
+    /// CPUs of each started server, one set per --scheduler entry, the sets separated by '/'
+    /// (`0/1`, `0-7/8-15`; Linux). With --repeats the sets rotate from one repeat to the next,
+    /// so that no policy always gets the same CPUs. Default: unpinned.
+    #[arg(long, value_delimiter = '/', value_parser = crate::launch::parse_cpus)]
+    pub serve_cpus: Vec<Vec<usize>>,
     #[command(flatten)]
     pub loads: LoadArgs,
     #[command(flatten)]
@@ -518,6 +531,15 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
     if !a.labels.is_empty() && a.labels.len() != a.base_urls.len() {
         bail!("--labels needs one label per --base-urls entry");
     }
+    if !a.serve_cpus.is_empty() && a.serve_cpus.len() != a.scheduler.len() {
+        bail!("--serve-cpus needs one CPU set per --scheduler entry ({} sets for {} policies)", a.serve_cpus.len(), a.scheduler.len());
+    }
+    if a.side_by_side && a.loads.resume {
+        bail!("--resume reruns a missing point alone, which a --side-by-side comparison cannot: rerun the whole A/B");
+    }
+    if a.side_by_side && a.base_urls.len() + a.scheduler.len() < 2 {
+        bail!("--side-by-side needs at least two targets");
+    }
     let dir = a.loads.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-bench-ab-{}", date())));
     if a.repeats == 1 {
         let (spec, mut series, _) = ab_once(a, w, &dir, 0).await?;
@@ -534,7 +556,7 @@ pub async fn ab(a: &AbArgs) -> Result<()> {
         let sub = dir.join(format!("seed-{seed}"));
         let (spec, mut series, order) = ab_once(a, &w, &sub, r as usize).await?;
         write_report(&sub, &ab_title(&series), &spec, &mut series, &prov)?;
-        runs.push(crate::repeats::Repeat { seed, dir: format!("seed-{seed}"), spec, series, order });
+        runs.push(crate::repeats::Repeat { seed, dir: format!("seed-{seed}"), spec, series, order, side_by_side: a.side_by_side });
     }
     let title = format!("{} ({} repeats)", ab_title(&runs[0].series), runs.len());
     crate::repeats::write_report(&dir, &title, &runs, &prov)?;
@@ -579,6 +601,12 @@ async fn ab_once(
             log_dir: dir.join("logs"),
         })
     };
+    if a.side_by_side {
+        let mut spec = spec;
+        spec.workload_desc.push_str("; the targets ran side by side (at the same time, each with its own copy of this workload)");
+        let (series, order) = side_by_side(a, w, dir, rotate, &spec, &client, cfg.as_ref()).await?;
+        return Ok((spec, series, order));
+    }
     let urls = a.base_urls.len();
     let n = urls + a.scheduler.len();
     let mut done: Vec<Option<(String, Vec<PointSummary>)>> = vec![None; n];
@@ -597,8 +625,9 @@ async fn ab_once(
                 eprintln!("[{policy}] every point is in {}: reused", dir.display());
                 (policy.clone(), points)
             } else {
-                eprintln!("starting pace serve --scheduler {policy}");
-                let mut server = ServeProcess::spawn(cfg, policy)?;
+                let cpus = cpus_for(a, j - urls, rotate);
+                eprintln!("starting pace serve --scheduler {policy}{}", on_cpus(cpus));
+                let mut server = ServeProcess::spawn_on(cfg, policy, cpus)?;
                 server.wait_ready(&client, cfg.start_timeout).await?;
                 let t = target(&client, policy, &server.base_url, w).await?;
                 let points = run_series(&client, &t, &spec, dir).await?;
@@ -614,4 +643,69 @@ async fn ab_once(
     }
     let series = done.into_iter().flatten().collect();
     Ok((spec, series, order))
+}
+
+/// The CPUs of started server `i` (in --scheduler order) in repeat `rotate` (empty: unpinned).
+fn cpus_for(a: &AbArgs, i: usize, rotate: usize) -> &[usize] {
+    if a.serve_cpus.is_empty() {
+        &[]
+    } else {
+        &a.serve_cpus[(i + rotate) % a.serve_cpus.len()]
+    }
+}
+
+fn on_cpus(cpus: &[usize]) -> String {
+    if cpus.is_empty() {
+        String::new()
+    } else {
+        format!(" on CPUs {}", cpus.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","))
+    }
+}
+
+/// [`ab_once`] with `--side-by-side`: every target up first (the URLs, then a started server per
+/// policy, each on its CPUs), then each load for all of them at once; the next load starts when
+/// every target's counted requests have ended. The order entries name each policy's CPUs.
+async fn side_by_side(
+    a: &AbArgs,
+    w: &WorkloadArgs,
+    dir: &std::path::Path,
+    rotate: usize,
+    spec: &SweepSpec,
+    client: &reqwest::Client,
+    cfg: Option<&ServeConfig>,
+) -> Result<(Vec<(String, Vec<PointSummary>)>, Vec<String>)> {
+    let mut targets = Vec::new();
+    let mut order = Vec::new();
+    for (j, url) in a.base_urls.iter().enumerate() {
+        let label = a.labels.get(j).cloned().unwrap_or_else(|| url.clone());
+        targets.push(target(client, &label, url, w).await?);
+        order.push(label);
+    }
+    let mut servers = Vec::new();
+    for (i, policy) in a.scheduler.iter().enumerate() {
+        let cfg = cfg.context("a policy target without a server configuration")?;
+        let cpus = cpus_for(a, i, rotate);
+        eprintln!("starting pace serve --scheduler {policy}{}", on_cpus(cpus));
+        let mut server = ServeProcess::spawn_on(cfg, policy, cpus)?;
+        server.wait_ready(client, cfg.start_timeout).await?;
+        targets.push(target(client, policy, &server.base_url, w).await?);
+        order.push(format!("{policy}{}", on_cpus(cpus)));
+        servers.push((policy, server));
+    }
+    let mut points: Vec<Vec<PointSummary>> = vec![Vec::new(); targets.len()];
+    for load in &spec.loads {
+        let one = SweepSpec { loads: vec![*load], ..spec.clone() };
+        let runs = futures_util::future::join_all(targets.iter().map(|t| run_series(client, t, &one, dir))).await;
+        for (k, run) in runs.into_iter().enumerate() {
+            points[k].extend(run?);
+        }
+    }
+    for (policy, server) in servers {
+        let status = server.stop().await?;
+        if !status.success() {
+            eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
+        }
+    }
+    let series = targets.iter().map(|t| t.label.clone()).zip(points).collect();
+    Ok((series, order))
 }

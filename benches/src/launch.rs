@@ -47,20 +47,29 @@ pub fn free_port() -> Result<u16> {
 impl ServeProcess {
     /// Starts `bin serve --host 127.0.0.1 --port P --scheduler POLICY ARGS...`.
     pub fn spawn(cfg: &ServeConfig, policy: &str) -> Result<Self> {
+        Self::spawn_on(cfg, policy, &[])
+    }
+
+    /// [`Self::spawn`], the server and every thread it starts confined to `cpus` (Linux CPU
+    /// numbers; empty: wherever the system puts them). Side-by-side A/Bs give each server its
+    /// own CPUs, so that they share the machine's speed but not its cores.
+    pub fn spawn_on(cfg: &ServeConfig, policy: &str, cpus: &[usize]) -> Result<Self> {
         let port = free_port()?;
         std::fs::create_dir_all(&cfg.log_dir).with_context(|| format!("creating {}", cfg.log_dir.display()))?;
         // Policies with constants set (`smooth:KEY=VALUE`) name their log file by a slug.
         let log = cfg.log_dir.join(format!("serve-{}.log", crate::sweep::slug(policy)));
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let child = Command::new(&cfg.bin)
-            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--scheduler", policy])
+        let mut cmd = Command::new(&cfg.bin);
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--scheduler", policy])
             .args(&cfg.args)
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("starting {} serve", cfg.bin.display()))?;
+            .stderr(err);
+        if !cpus.is_empty() {
+            pin(&mut cmd, cpus)?;
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {} serve", cfg.bin.display()))?;
         Ok(Self { child: Some(child), base_url: format!("http://127.0.0.1:{port}"), log, stop_timeout: cfg.stop_timeout })
     }
 
@@ -117,9 +126,79 @@ impl Drop for ServeProcess {
     }
 }
 
+/// Parses a CPU list as `taskset -c` takes it: `0`, `0,2`, `0-7`, `0-3,8-11`.
+pub fn parse_cpus(s: &str) -> std::result::Result<Vec<usize>, String> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let bad = || format!("'{s}' is not a CPU list like 0, 0,2 or 0-7");
+        let (lo, hi): (usize, usize) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+            return Err(bad());
+        }
+        cpus.extend(lo..=hi);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// Confines the command's process to `cpus` from before it runs (its threads inherit the set).
+#[cfg(target_os = "linux")]
+fn pin(cmd: &mut Command, cpus: &[usize]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET writes inside it for numbers below
+    // CPU_SETSIZE, which parse_cpus guarantees.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c >= libc::CPU_SETSIZE as usize {
+                bail!("CPU {c} is past the largest this system can name");
+            }
+            libc::CPU_SET(c, &mut set);
+        }
+        set
+    };
+    // SAFETY: the closure runs in the forked child before exec and only makes one system call,
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin(_cmd: &mut Command, _cpus: &[usize]) -> Result<()> {
+    bail!("pinning a server to CPUs needs Linux")
+}
+
 /// The last lines of a log, for error messages.
 fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_taskset_takes_them() {
+        assert_eq!(parse_cpus("0"), Ok(vec![0]));
+        assert_eq!(parse_cpus("3,1"), Ok(vec![1, 3]));
+        assert_eq!(parse_cpus("0-3,8-9,2"), Ok(vec![0, 1, 2, 3, 8, 9]));
+        for bad in ["", "a", "3-1", "1-", "-1", "0,,1", "99999"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -33,8 +33,11 @@ pub struct Repeat {
     pub spec: SweepSpec,
     /// Every target's points, ceilings set (`sweep::write_report` sets them).
     pub series: Vec<(String, Vec<PointSummary>)>,
-    /// The targets' labels in the order they ran (rotated from one repeat to the next).
+    /// The targets' labels in the order they ran (rotated from one repeat to the next); side by
+    /// side, every target with the CPUs its server had.
     pub order: Vec<String>,
+    /// Whether the targets ran at the same time (`pace bench ab --side-by-side`).
+    pub side_by_side: bool,
 }
 
 /// Summary of a few numbers: every value, median, mean and the 95% half-width over them.
@@ -182,6 +185,7 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
         "seeds": runs.iter().map(|r| r.seed).collect::<Vec<_>>(),
         "repeat_dirs": runs.iter().map(|r| &r.dir).collect::<Vec<_>>(),
         "run_orders": runs.iter().map(|r| &r.order).collect::<Vec<_>>(),
+        "side_by_side": first.side_by_side,
         "workload": runs.iter().map(|r| &r.spec.workload_desc).collect::<Vec<_>>(),
         "params": first.spec.info.params,
         "targets": rows,
@@ -222,12 +226,22 @@ fn markdown(title: &str, runs: &[Repeat], rows: &[TargetAtLoad], paired: &[Paire
     let _ = writeln!(md, "- Repeats: {} with seeds {} (each a full A/B report: its points, logs and plots)", runs.len(), seeds.join(", "));
     let _ = writeln!(md, "- Workload of the first repeat: {}", first.spec.workload_desc);
     let orders: Vec<String> = runs.iter().map(|r| format!("{}: {}", r.seed, r.order.join(", "))).collect();
-    let _ = writeln!(
-        md,
-        "- Run order, rotated so that each repeat starts with the next target and a drift of the machine's speed over a \
-         repeat does not always favour the same one: {}",
-        orders.join("; ")
-    );
+    if first.side_by_side {
+        let _ = writeln!(
+            md,
+            "- Side by side: in each repeat every target ran at the same time on the same machine (`--side-by-side`), so a \
+             drift of the machine's speed slows them together; the started servers' CPUs rotate from one repeat to the \
+             next: {}",
+            orders.join("; ")
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "- Run order, rotated so that each repeat starts with the next target and a drift of the machine's speed over a \
+             repeat does not always favour the same one: {}",
+            orders.join("; ")
+        );
+    }
     let _ = writeln!(md, "{}", crate::sweep::smooth_goodput_line(&first.spec.info.params));
     let _ = writeln!(
         md,

@@ -378,6 +378,65 @@ async fn ab_starts_and_stops_one_server_per_scheduler() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_side_by_side_runs_the_policies_at_once_each_server_on_its_cpus() {
+    let dir = tempdir("ab-side");
+    let bin = fake_pace(&dir.join("bin"));
+    let d = dir.join("report");
+    let d = d.to_str().unwrap();
+    // Two CPUs where the machine has them (the sets swap between repeats), else both on CPU 0.
+    let two = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    let cpus = if two { "0/1" } else { "0/0" };
+    let mut args = vec![
+        "ab", "--scheduler", "smooth,fcfs", "--pace-bin", bin.to_str().unwrap(), "--side-by-side", "--serve-cpus", cpus,
+        "--repeats", "2", "--request-rates", "20", "--num-prompts", "8", "--result-dir", d, "--server-start-timeout", "30",
+        "--server-stop-timeout", "10",
+    ];
+    args.extend(SMALL);
+    args.extend(["ttft:150"]);
+    let BenchCommand::Ab(a) = parse(&args) else { unreachable!() };
+    pace_bench::cli::ab(&a).await.unwrap();
+    let report = dir.join("report");
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(md.contains("Side by side"), "{md}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report.join("repeats.json")).unwrap()).unwrap();
+    assert_eq!(r["side_by_side"], true);
+    let expect = if two {
+        serde_json::json!([["smooth on CPUs 0", "fcfs on CPUs 1"], ["smooth on CPUs 1", "fcfs on CPUs 0"]])
+    } else {
+        serde_json::json!([["smooth on CPUs 0", "fcfs on CPUs 0"], ["smooth on CPUs 0", "fcfs on CPUs 0"]])
+    };
+    assert_eq!(r["run_orders"], expect);
+    for (k, seed) in [5, 6].into_iter().enumerate() {
+        let sub = report.join(format!("seed-{seed}"));
+        let sub_md = std::fs::read_to_string(sub.join("report.md")).unwrap();
+        assert!(sub_md.contains("the targets ran side by side"), "{sub_md}");
+        // Each server ran on the CPUs named for it, and the two took requests at the same time:
+        // each one's first request came before the other's last.
+        let mut spans = Vec::new();
+        for (i, policy) in ["smooth", "fcfs"].into_iter().enumerate() {
+            let log = std::fs::read_to_string(sub.join(format!("logs/serve-{policy}.log"))).unwrap();
+            let cpu = if two { (i + k) % 2 } else { 0 };
+            assert!(log.contains(&format!("Cpus_allowed_list: {cpu}\n")), "{policy} in repeat {seed}: {log}");
+            let at: Vec<u128> = log.lines().filter_map(|l| l.strip_prefix("request at ")).map(|t| t.parse().unwrap()).collect();
+            // (The run stops once the counted requests have ended, so the last prompts may not go out.)
+            assert!(at.len() >= 4, "{policy}'s requests: {log}");
+            spans.push((at[0], at[at.len() - 1]));
+        }
+        assert!(spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1, "the runs overlap in time: {spans:?}");
+        assert!(sub.join("points/smooth-20.json.gz").exists() && sub.join("points/fcfs-20.json.gz").exists());
+    }
+    // Side by side cannot resume one target alone, and the CPU sets must match the policies.
+    let mut resumed = args.clone();
+    resumed.push("--resume");
+    let BenchCommand::Ab(a) = parse(&resumed) else { unreachable!() };
+    assert!(pace_bench::cli::ab(&a).await.unwrap_err().to_string().contains("--resume"));
+    let wrong: Vec<&str> = args.iter().map(|w| if *w == cpus { "0" } else { *w }).collect();
+    let BenchCommand::Ab(a) = parse(&wrong) else { unreachable!() };
+    assert!(pace_bench::cli::ab(&a).await.unwrap_err().to_string().contains("one CPU set per --scheduler entry"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The stand-in for `pace serve` started by `ab_starts_and_stops_one_server_per_scheduler`
 /// (through the script from [`fake_pace`]): a scripted server on `--port`, fast for `smooth` and
 /// slow for `fcfs`, that exits on SIGTERM. Does nothing when run any other way.
@@ -390,11 +449,24 @@ fn fake_pace_serve() {
     let after = |flag: &str| words.iter().position(|w| *w == flag).and_then(|i| words.get(i + 1)).copied();
     let port: u16 = after("--port").unwrap().parse().unwrap();
     let cfg = if after("--scheduler") == Some("fcfs") { common::Cfg::new(250, 40) } else { common::Cfg::new(30, 10) };
+    // The CPUs it may run on (what `ab --serve-cpus` set), and when each request came (what
+    // `ab --side-by-side` overlaps).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if let Some(line) = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")) {
+        println!("{}", line.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    let stamp = axum::middleware::from_fn(|req: axum::extract::Request, next: axum::middleware::Next| async move {
+        if req.uri().path().starts_with("/v1/") && req.method() == axum::http::Method::POST {
+            let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+            println!("request at {ms}");
+        }
+        next.run(req).await
+    });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-        axum::serve(listener, common::app(cfg))
+        axum::serve(listener, common::app(cfg).layer(stamp))
             .with_graceful_shutdown(async move {
                 term.recv().await;
             })
