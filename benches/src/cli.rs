@@ -625,16 +625,9 @@ async fn ab_once(
                 eprintln!("[{policy}] every point is in {}: reused", dir.display());
                 (policy.clone(), points)
             } else {
-                let cpus = cpus_for(a, j - urls, rotate);
-                eprintln!("starting pace serve --scheduler {policy}{}", on_cpus(cpus));
-                let mut server = ServeProcess::spawn_on(cfg, policy, cpus)?;
-                server.wait_ready(&client, cfg.start_timeout).await?;
-                let t = target(&client, policy, &server.base_url, w).await?;
+                let (server, t) = start_policy(&client, cfg, w, policy, cpus_for(a, j - urls, rotate)).await?;
                 let points = run_series(&client, &t, &spec, dir).await?;
-                let status = server.stop().await?;
-                if !status.success() {
-                    eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
-                }
+                stop_policy(policy, server).await?;
                 (policy.clone(), points)
             }
         };
@@ -652,6 +645,24 @@ fn cpus_for(a: &AbArgs, i: usize, rotate: usize) -> &[usize] {
     } else {
         &a.serve_cpus[(i + rotate) % a.serve_cpus.len()]
     }
+}
+
+/// Starts `pace serve --scheduler policy` on `cpus` and waits until it is ready.
+async fn start_policy(client: &reqwest::Client, cfg: &ServeConfig, w: &WorkloadArgs, policy: &str, cpus: &[usize]) -> Result<(ServeProcess, Target)> {
+    eprintln!("starting pace serve --scheduler {policy}{}", on_cpus(cpus));
+    let mut server = ServeProcess::spawn_on(cfg, policy, cpus)?;
+    server.wait_ready(client, cfg.start_timeout).await?;
+    let t = target(client, policy, &server.base_url, w).await?;
+    Ok((server, t))
+}
+
+/// Stops a server [`start_policy`] started, warning when it did not exit cleanly.
+async fn stop_policy(policy: &str, server: ServeProcess) -> Result<()> {
+    let status = server.stop().await?;
+    if !status.success() {
+        eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
+    }
+    Ok(())
 }
 
 fn on_cpus(cpus: &[usize]) -> String {
@@ -685,10 +696,8 @@ async fn side_by_side(
     for (i, policy) in a.scheduler.iter().enumerate() {
         let cfg = cfg.context("a policy target without a server configuration")?;
         let cpus = cpus_for(a, i, rotate);
-        eprintln!("starting pace serve --scheduler {policy}{}", on_cpus(cpus));
-        let mut server = ServeProcess::spawn_on(cfg, policy, cpus)?;
-        server.wait_ready(client, cfg.start_timeout).await?;
-        targets.push(target(client, policy, &server.base_url, w).await?);
+        let (server, t) = start_policy(client, cfg, w, policy, cpus).await?;
+        targets.push(t);
         order.push(format!("{policy}{}", on_cpus(cpus)));
         servers.push((policy, server));
     }
@@ -701,10 +710,7 @@ async fn side_by_side(
         }
     }
     for (policy, server) in servers {
-        let status = server.stop().await?;
-        if !status.success() {
-            eprintln!("warning: pace serve --scheduler {policy} exited with {status}");
-        }
+        stop_policy(policy, server).await?;
     }
     let series = targets.iter().map(|t| t.label.clone()).zip(points).collect();
     Ok((series, order))

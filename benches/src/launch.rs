@@ -152,7 +152,7 @@ pub fn parse_cpus(s: &str) -> std::result::Result<Vec<usize>, String> {
 fn pin(cmd: &mut Command, cpus: &[usize]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET writes inside it for numbers below
-    // CPU_SETSIZE, which parse_cpus guarantees.
+    // CPU_SETSIZE, which the loop checks before each call.
     let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &c in cpus {
