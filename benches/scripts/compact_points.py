@@ -12,10 +12,10 @@ request inside the window: `delivered_tps`, kept) can be recomputed from what is
 The counted requests are a contiguous run of indices (those scheduled inside the window). The
 file does not name it, so it is found as a block of `counted` requests whose outcomes and output
 tokens match the summary's counts (`completed`, `rejected`, `dropped`, `aborted`, `abandoned`,
-`failed`, `total_output_tokens`). Every target in a directory counts the same requests, so where
+`failed`, `total_output_tokens`). Every target of one load (`TARGET-LOAD.json.gz`) counts the same requests, so where
 the counts allow several blocks (a run of refusals at the edge), the block the other targets pin
 down is taken, else the one starting nearest the window start given in seconds; no match, or
-targets that disagree, is an error and the files are left alone. The result is written as
+targets of one load that disagree, is an error and the files are left alone. The result is written as
 `NAME.counted.json.gz` beside the original, which is removed.
 
 usage: compact_points.py WINDOW_START_S POINTS_DIR...
@@ -86,15 +86,21 @@ def main():
     window_start = float(sys.argv[1])
     for directory in sys.argv[2:]:
         paths = [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(".json.gz") and not n.endswith(".counted.json.gz")]
-        firsts = set()
+        # Points are TARGET-LOAD.json.gz; the targets of one load share its schedule, each load
+        # has its own (its counted block starts elsewhere).
+        loads = {}
         for p in paths:
-            _, tl, _, found = candidates(p)
-            if len(found) == 1:
-                firsts.add(tl[found[0]]["index"])
-        if len(firsts) > 1:
-            raise SystemExit(f"{directory}: the targets' counted requests start at different indices {sorted(firsts)}; left alone")
-        for p in paths:
-            compact(p, window_start, next(iter(firsts), None))
+            loads.setdefault(os.path.basename(p)[: -len(".json.gz")].rsplit("-", 1)[-1], []).append(p)
+        for load, group in sorted(loads.items()):
+            firsts = set()
+            for p in group:
+                _, tl, _, found = candidates(p)
+                if len(found) == 1:
+                    firsts.add(tl[found[0]]["index"])
+            if len(firsts) > 1:
+                raise SystemExit(f"{directory}: at load {load} the targets' counted requests start at different indices {sorted(firsts)}; left alone")
+            for p in group:
+                compact(p, window_start, next(iter(firsts), None))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@
 #
 # usage: benches/scripts/prediction-error-cpu.sh [RESULT_DIR]
 #   SATURATION (1.64 req/s), FACTORS (0.5,1,1.5), SPAN (150 s of arrivals per load), THREADS (2),
-#   SCHEDULER (smooth), PACE (target/release/pace), SEED (42). About 9 minutes on this project's
-#   2-core machine, which should be otherwise quiet (a busy machine makes steps slower than
-#   the model it learned).
+#   SCHEDULER (smooth), PACE (target/release/pace), SEED (42), SERVE_CPUS and CLIENT_CPUS (unset;
+#   CPU lists in taskset's syntax, e.g. 1 and 0 with THREADS=1: the server and the benchmark
+#   client each on their own cores, so the client's work does not land inside the server's
+#   steps). About 9 minutes on this project's 2-core machine, which should be otherwise quiet (a
+#   busy machine makes steps slower than the model it learned).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-pace-prediction-error}
@@ -29,14 +31,14 @@ MODEL=${MODEL:-${PACE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/pace}/SmolLM2-135M-I
 mkdir -p "$OUT"
 rm -f "$OUT/steps.jsonl"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$PACE" serve --host 127.0.0.1 --port "$port" --threads "$THREADS" --scheduler "$SCHEDULER" \
+${SERVE_CPUS:+taskset -c "$SERVE_CPUS"} "$PACE" serve --host 127.0.0.1 --port "$port" --threads "$THREADS" --scheduler "$SCHEDULER" \
   --slo "ttft:5000 tpot:100" --step-trace "$OUT/steps.jsonl" >"$OUT/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
 curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "pace serve did not come up" >&2; cat "$OUT/serve.log" >&2; exit 1; }
 {
-  echo "command: benches/scripts/prediction-error-cpu.sh $OUT (SATURATION=$SATURATION FACTORS=$FACTORS SPAN=$SPAN THREADS=$THREADS SCHEDULER=$SCHEDULER SEED=$SEED)"
+  echo "command: benches/scripts/prediction-error-cpu.sh $OUT (SATURATION=$SATURATION FACTORS=$FACTORS SPAN=$SPAN THREADS=$THREADS SCHEDULER=$SCHEDULER SEED=$SEED${SERVE_CPUS:+ SERVE_CPUS=$SERVE_CPUS}${CLIENT_CPUS:+ CLIENT_CPUS=$CLIENT_CPUS})"
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo -dirty)"
   echo "machine: $(nproc) cores, $(uname -srm), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 } >"$OUT/provenance.txt"
@@ -44,7 +46,7 @@ prompts=$(python3 -c "import math; print(math.ceil(max(float(f) for f in '$FACTO
 for f in ${FACTORS//,/ }; do
   rate=$(python3 -c "print(f'{$f * $SATURATION:.3g}')")
   curl -sf "http://127.0.0.1:$port/metrics" >"$OUT/metrics-${f}x-before.prom"
-  "$PACE" bench serve --base-url "http://127.0.0.1:$port" --request-rate "$rate" --duration "$SPAN" \
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} "$PACE" bench serve --base-url "http://127.0.0.1:$port" --request-rate "$rate" --duration "$SPAN" \
     --endpoint /v1/chat/completions --dataset-name jsonl --dataset-path benches/data/chat-prompts.jsonl \
     --num-prompts "$prompts" --max-tokens-rule cap:1024 --patience exp:20 --temperature 0 \
     --extra-body '{"frequency_penalty": 0.5}' --tokenizer "$MODEL" --goodput ttft:5000 tpot:100 \
