@@ -10,6 +10,8 @@ mod ablations;
 mod drop_late;
 mod fcfs;
 mod feed_control;
+mod offered;
+mod population;
 mod smooth;
 
 pub use ablations::{FcfsAdmission, Sarathi};
@@ -193,7 +195,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 10] = [
+pub const SMOOTH_KEYS: [&str; 11] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -204,6 +206,7 @@ pub const SMOOTH_KEYS: [&str; 10] = [
     "end_by_benefit",
     "displace",
     "feed_target",
+    "sustained",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -225,6 +228,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "end_by_benefit" => c.end_by_benefit = v > 0.0,
             "displace" => c.displace = v > 0.0,
             "feed_target" => c.feed_target = v,
+            "sustained" => c.sustained = v > 0.0,
             _ => return None,
         }
     }

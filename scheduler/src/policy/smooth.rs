@@ -75,10 +75,12 @@
 //! (learned, not `max_tokens`). A request whose predicted benefit is negative is rejected. When
 //! the feed limit binds (it cannot start before running streams finish), so is one whose loss
 //! *caused by queueing* (its loss at the predicted wait minus its loss if it were served alone,
-//! which no policy could avoid) exceeds `admit_max_loss * n` (default 2%): under sustained
-//! overload every admitted request displaces a later one, so the queue is held where waiting
-//! costs little. A backlog of prompts with room to run them (a burst) is not overload and is only
-//! refused when waiting it out is worth nothing. A rejection carries a Retry-After of the
+//! which no policy could avoid) exceeds `admit_max_loss * n` (default 2%), while the overload is
+//! sustained (the work offered over the latest 400 arrivals is more than the feed limit serves,
+//! [`Offered`]): then every admitted request displaces a later one, so the queue is held where
+//! waiting costs little. A burst (a backlog of prompts with room to run them, or a full batch
+//! under a load the machine keeps up with) displaces nobody and is only refused when waiting it
+//! out is worth nothing. A rejection carries a Retry-After of the
 //! predicted excess wait. Below saturation nobody is rejected.
 //!
 //! A closed loop of clients (each sends its next request as soon as its last one ends or is
@@ -92,6 +94,8 @@
 use std::cmp::Ordering;
 
 use super::feed_control::FeedControl;
+use super::offered::Offered;
+use super::population::Loop;
 use super::{Decisions, Grant, Policy, PolicyContext, SeqView};
 use crate::cost::{pairs, CostCoeffs, StepShape};
 use crate::request::RejectReason;
@@ -159,6 +163,10 @@ pub struct SmoothConfig {
     /// buffer then absorbs. In the simulator it corrects a limit the cost model sets too
     /// generously; on the CPU server it gained nothing measurable, so it stays off.
     pub feed_target: f64,
+    /// Refuse for the queueing margin only under sustained overload (key `sustained`, 0 turns
+    /// it off for the ablation): the work offered over the latest arrivals exceeds what the
+    /// feed limit can serve (`policy/offered.rs`). A queue built by a burst is served.
+    pub sustained: bool,
 }
 
 impl Default for SmoothConfig {
@@ -176,6 +184,7 @@ impl Default for SmoothConfig {
             end_by_benefit: false,
             displace: true,
             feed_target: 0.0,
+            sustained: true,
         }
     }
 }
@@ -199,52 +208,8 @@ pub struct Smooth {
     population: Loop,
     /// What the running streams got against what their readers read (see [`FeedControl`]).
     control: FeedControl,
-}
-
-/// Is the client population closed? Refusing a request under overload helps only if the demand
-/// goes away with it: then the queue it would have joined stays short for the requests that come
-/// later. A closed population of clients (each sends its next request as soon as the last one
-/// ends or is refused) just sends again: a refusal scores 0 and frees nothing, and queueing does
-/// not lengthen the queue either (a client waits in it instead of elsewhere). This watches the
-/// first arrival after each end of a request (finished, left, or refused): one that comes within
-/// `min(20 ms, 0.05 / rate)` of it (`rate` the arrival rate over the last 32 arrivals) is a client
-/// that answered the end (independent arrivals land that close with a probability under 5%).
-/// While most ends are answered so (an average over the last eight or so), the population is
-/// taken to be closed. Arrival times are the requests' own (stamped when they reached the server),
-/// so a server busy with a step when the retry comes still sees how soon it came.
-#[derive(Debug, Clone, Default)]
-struct Loop {
-    /// Ends already matched with an arrival (a count: several can end at one instant).
-    matched: u64,
-    /// The latest arrivals, oldest first.
-    recent: std::collections::VecDeque<f64>,
-    /// Moving average of "the end was answered at once".
-    score: f64,
-}
-
-impl Loop {
-    const WINDOW_S: f64 = 0.02;
-    const WEIGHT: f64 = 0.125;
-    const RATE_SAMPLES: usize = 32;
-
-    /// A request that arrived at `at`, the latest end having been at `last_end`; returns whether
-    /// the population looks closed.
-    fn arrival(&mut self, at: f64, last_end: f64, ends: u64) -> bool {
-        if self.recent.len() >= Self::RATE_SAMPLES {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(at);
-        let span = self.recent.back().copied().unwrap_or(at) - self.recent.front().copied().unwrap_or(at);
-        let window = if span > 0.0 { Self::WINDOW_S.min(0.05 * span / (self.recent.len() - 1) as f64) } else { Self::WINDOW_S };
-        // The first arrival after an end (not before it: a request that was on its way when
-        // something ended did not answer that end).
-        if ends > self.matched && last_end <= at {
-            self.matched = ends;
-            let answered = at - last_end <= window;
-            self.score += Self::WEIGHT * (f64::from(u8::from(answered)) - self.score);
-        }
-        self.score > 0.5
-    }
+    /// The work offered over the latest arrivals (see [`SmoothConfig::sustained`]).
+    offered: Offered,
 }
 
 impl Smooth {
@@ -609,6 +574,9 @@ impl Policy for Smooth {
         let slo = ctx.slo;
         // Its expected output (learned lengths), not max_tokens.
         let n = ctx.lengths.expected_total(req.max_output).max(1.0);
+        self.offered.record(req, n);
+        let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
+        let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
         let benefit = |idle: f64| n - slo.alpha * slo.penalty.apply(idle);
         let max_loss = self.cfg.admit_max_loss * n;
         let queue_loss = benefit(idle_alone) - benefit(idle);
@@ -623,7 +591,7 @@ impl Policy for Smooth {
         } else {
             queue_loss > max_loss
         };
-        if !closed_loop && waits && (benefit(idle) < 0.0 || (bound && displaced)) {
+        if !closed_loop && waits && (benefit(idle) < 0.0 || (bound && displaced && sustained)) {
             self.control.refused |= bound;
             let base = slo.alpha * slo.penalty.apply(idle_alone);
             let ok_idle = idle_for_loss(slo.penalty, slo.alpha, base + max_loss).min(idle_for_loss(slo.penalty, slo.alpha, n));
@@ -928,7 +896,7 @@ mod tests {
         let (b, a) = run(on, 150, 1, 8, false);
         assert!(a > 1.3 * b, "fed twice as fast as read, with the limit holding requests out: {b} -> {a}");
         // Under overload the door keeps the queue empty: its refusals are the limit binding.
-        let (b, a) = run(on, 150, 1, 0, true);
+        let (b, a) = run(SmoothConfig { sustained: false, ..on }, 150, 1, 0, true);
         assert!(a > 1.3 * b, "fed twice as fast as read, the limit refusing at the door: {b} -> {a}");
         let (b, a) = run(on, 100, 4, 8, false);
         assert!(a < 0.6 * b, "fed at half the reading rate with requests waiting: {b} -> {a}");
@@ -1094,12 +1062,34 @@ mod tests {
         let waiting: Vec<SeqView> = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
         let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
         let admit = |displace: bool, weight: f64| {
-            let mut s = Smooth::new(SmoothConfig { displace, race: false, ..SmoothConfig::default() });
+            let mut s = Smooth::new(SmoothConfig { displace, race: false, sustained: false, ..SmoothConfig::default() });
             s.admit(&seq(1000, 10.0, 40, 0, weight), &ctx)
         };
         assert!(admit(false, 4.0).is_err(), "the plain door refuses the heavy newcomer here");
         assert!(admit(true, 4.0).is_ok());
         assert!(admit(true, 1.0).is_err() && admit(false, 1.0).is_err());
+    }
+
+    /// The queueing margin is for sustained overload ([`SmoothConfig::sustained`]): with the
+    /// batch full and a queue waiting, a newcomer is refused after arrivals that offered more
+    /// work than the machine serves, and served after arrivals that offered little (a burst,
+    /// which clears by itself).
+    #[test]
+    fn the_door_refuses_for_waiting_only_under_sustained_overload() {
+        let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+        let running: Vec<SeqView> = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
+        let waiting: Vec<SeqView> = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
+        let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
+        let after = |rate: f64, sustained: bool| {
+            let mut s = Smooth::new(SmoothConfig { sustained, ..SmoothConfig::default() });
+            for i in 0..400 {
+                let _ = s.admit(&seq(2000 + i, 10.0 - (400 - i) as f64 / rate, 40, 0, 1.0), &ctx);
+            }
+            s.admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx)
+        };
+        assert!(after(5.0, true).is_err(), "overloaded for the last 80 s");
+        assert!(after(0.2, true).is_ok(), "a burst after a light load");
+        assert!(after(0.2, false).is_err(), "without the test, the margin refuses either way");
     }
 
     /// While the feed limit holds the queue back, the place a finishing stream frees goes to the

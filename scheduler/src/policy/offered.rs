@@ -1,0 +1,153 @@
+//! The work offered to the machine, for smooth's door (`smooth:sustained`, on by default): is an
+//! overload sustained, or a burst the machine will clear? Its one user is [`super::smooth`];
+//! docs/sim/cpu-smollm2/sustained and docs/bench/ab-cpu-smollm2 report what it does.
+//!
+//! The door refuses a request whose wait would cost more than a small margin only because, under
+//! *sustained* overload, every admitted request displaces a later one: the machine stays full
+//! for as long as the overload lasts. Under Poisson arrivals near saturation a queue also forms
+//! in bursts that the machine then clears; a request refused there displaced nobody, and its
+//! zero is simply lost (the side-by-side A/B at 1x on the CPU server lost about 4 points of
+//! goodput to fcfs that way). So the door asks whether the offered work exceeds what the machine
+//! can serve at its readers' pace: over the latest [`Offered::SAMPLES`] arrivals (refused ones
+//! too: they are demand), the machine seconds per second their expected outputs need, priced
+//! with the step-cost model as it is now.
+
+use std::collections::VecDeque;
+
+use super::SeqView;
+use crate::cost::{pairs, CostCoeffs};
+
+/// One arrival's work, in the step-cost model's features (so that it is priced with the
+/// coefficients learned by the time it is asked about).
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    at: f64,
+    /// Expected output tokens.
+    tokens: f64,
+    /// Expected output tokens times their mean context.
+    token_context: f64,
+    /// Prompt tokens to prefill, and their query-key pairs.
+    prefill: f64,
+    prefill_pairs: f64,
+}
+
+/// The offered work over the latest arrivals.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Offered {
+    recent: VecDeque<Arrival>,
+}
+
+impl Offered {
+    /// Arrivals the estimate spans. The rate of `n` Poisson arrivals is known to about
+    /// `1 / sqrt(n)`: 400 puts the estimate within 5% (one standard deviation), so a load 10%
+    /// under saturation is not taken for sustained overload by chance, while a step up to 1.5x
+    /// crosses 1 within a few dozen arrivals. The key `sustained` turns the test off (docs/sim
+    /// ablates both).
+    pub(super) const SAMPLES: usize = 400;
+
+    /// Records `v`'s arrival, expected to produce `tokens` output tokens.
+    pub(super) fn record(&mut self, v: &SeqView, tokens: f64) {
+        if self.recent.len() >= Self::SAMPLES {
+            self.recent.pop_front();
+        }
+        let cached = v.prompt_len - v.uncached_prompt();
+        self.recent.push_back(Arrival {
+            at: v.arrival,
+            tokens,
+            token_context: tokens * (v.prompt_len as f64 + tokens / 2.0),
+            prefill: v.uncached_prompt() as f64,
+            prefill_pairs: pairs(cached, v.uncached_prompt()),
+        });
+    }
+
+    /// Machine seconds per second of the work that arrived over the window, apart from the
+    /// per-step base cost (the arrivals after the oldest, over the time since it); `None` until
+    /// two arrivals span some time.
+    pub(super) fn rate(&self, c: &CostCoeffs) -> Option<f64> {
+        let first = self.recent.front()?;
+        let last = self.recent.back()?;
+        let span = last.at - first.at;
+        if span <= 0.0 {
+            return None;
+        }
+        let work: f64 = self
+            .recent
+            .iter()
+            .skip(1)
+            .map(|a| {
+                c.per_decode_seq_s * a.tokens
+                    + c.per_kv_token_s * a.token_context
+                    + c.per_prefill_token_s * a.prefill
+                    + c.per_attn_pair_s * a.prefill_pairs
+            })
+            .sum();
+        Some(work / span)
+    }
+
+    /// Is the offered work more than the feed limit can serve? Streams kept at their readers'
+    /// pace `q` pay a step's base cost `q` times a second; the feed limit lets the streams take
+    /// `cap` of the machine at that pace, and the machine steps as fast as it can, so a running
+    /// set that uses `u <= cap` at the readers' pace runs `1 / u` times faster than they read and
+    /// finishes sooner. In a steady state the running set needs `q * base / (1 - w)` of the
+    /// machine at the readers' pace, `w` the offered work apart from the base: the load is
+    /// sustainable while that fits `cap`, that is while `w <= 1 - q * base / cap`.
+    pub(super) fn sustained_overload(&self, c: &CostCoeffs, q: f64, cap: f64) -> bool {
+        let Some(w) = self.rate(c) else { return false };
+        w > 1.0 - q * c.base_s / cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slo::SloClass;
+
+    fn req(at: f64) -> SeqView {
+        SeqView {
+            id: 0,
+            arrival: at,
+            class: SloClass::default(),
+            prompt_len: 100,
+            cached_prompt: 0,
+            num_tokens: 100,
+            num_computed: 0,
+            num_output: 0,
+            max_output: 200,
+            blocks_held: 0,
+            first_token_time: None,
+            last_token_time: None,
+            max_lateness: 0.0,
+            num_preemptions: 0,
+        }
+    }
+
+    #[test]
+    fn sustained_overload_follows_the_offered_rate_against_the_machine() {
+        // 10 ms per output token, no base: a request of 100 tokens is 1 s of machine time.
+        let c = CostCoeffs { base_s: 0.0, per_prefill_token_s: 0.0, per_decode_seq_s: 0.01, per_kv_token_s: 0.0, per_attn_pair_s: 0.0 };
+        let at = |rate: f64| {
+            let mut o = Offered::default();
+            for i in 0..Offered::SAMPLES {
+                o.record(&req(i as f64 / rate), 100.0);
+            }
+            o
+        };
+        assert!(Offered::default().rate(&c).is_none());
+        let half = at(0.5);
+        assert!((half.rate(&c).unwrap() - 0.5).abs() < 1e-9);
+        assert!(!half.sustained_overload(&c, 5.0, 1.0));
+        assert!(at(1.2).sustained_overload(&c, 5.0, 1.0));
+        // The base cost of stepping at the readers' pace takes its share: 0.9 of the machine is
+        // offered, 5 steps a second at 30 ms take 0.15 of it.
+        let with_base = CostCoeffs { base_s: 0.03, ..c };
+        assert!(!at(0.9).sustained_overload(&c, 5.0, 1.0));
+        assert!(at(0.9).sustained_overload(&with_base, 5.0, 1.0));
+        // Only the latest arrivals count: a burst long over is forgotten.
+        let mut o = at(2.0);
+        let t0 = (Offered::SAMPLES as f64 - 1.0) / 2.0;
+        for i in 1..=Offered::SAMPLES {
+            o.record(&req(t0 + i as f64 / 0.5), 100.0);
+        }
+        assert!(!o.sustained_overload(&c, 5.0, 1.0));
+    }
+}

@@ -1,0 +1,48 @@
+//! Is the client population closed? Smooth's door asks ([`Loop`]); its one user is
+//! [`super::smooth`].
+
+/// Is the client population closed? Refusing a request under overload helps only if the demand
+/// goes away with it: then the queue it would have joined stays short for the requests that come
+/// later. A closed population of clients (each sends its next request as soon as the last one
+/// ends or is refused) just sends again: a refusal scores 0 and frees nothing, and queueing does
+/// not lengthen the queue either (a client waits in it instead of elsewhere). This watches the
+/// first arrival after each end of a request (finished, left, or refused): one that comes within
+/// `min(20 ms, 0.05 / rate)` of it (`rate` the arrival rate over the last 32 arrivals) is a client
+/// that answered the end (independent arrivals land that close with a probability under 5%).
+/// While most ends are answered so (an average over the last eight or so), the population is
+/// taken to be closed. Arrival times are the requests' own (stamped when they reached the server),
+/// so a server busy with a step when the retry comes still sees how soon it came.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Loop {
+    /// Ends already matched with an arrival (a count: several can end at one instant).
+    matched: u64,
+    /// The latest arrivals, oldest first.
+    recent: std::collections::VecDeque<f64>,
+    /// Moving average of "the end was answered at once".
+    score: f64,
+}
+
+impl Loop {
+    const WINDOW_S: f64 = 0.02;
+    const WEIGHT: f64 = 0.125;
+    const RATE_SAMPLES: usize = 32;
+
+    /// A request that arrived at `at`, the latest end having been at `last_end`; returns whether
+    /// the population looks closed.
+    pub(super) fn arrival(&mut self, at: f64, last_end: f64, ends: u64) -> bool {
+        if self.recent.len() >= Self::RATE_SAMPLES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(at);
+        let span = self.recent.back().copied().unwrap_or(at) - self.recent.front().copied().unwrap_or(at);
+        let window = if span > 0.0 { Self::WINDOW_S.min(0.05 * span / (self.recent.len() - 1) as f64) } else { Self::WINDOW_S };
+        // The first arrival after an end (not before it: a request that was on its way when
+        // something ended did not answer that end).
+        if ends > self.matched && last_end <= at {
+            self.matched = ends;
+            let answered = at - last_end <= window;
+            self.score += Self::WEIGHT * (f64::from(u8::from(answered)) - self.score);
+        }
+        self.score > 0.5
+    }
+}
