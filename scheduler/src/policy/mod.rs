@@ -195,7 +195,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 11] = [
+pub const SMOOTH_KEYS: [&str; 12] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -207,6 +207,7 @@ pub const SMOOTH_KEYS: [&str; 11] = [
     "displace",
     "feed_target",
     "sustained",
+    "race_all",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -229,6 +230,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "displace" => c.displace = v > 0.0,
             "feed_target" => c.feed_target = v,
             "sustained" => c.sustained = v > 0.0,
+            "race_all" => c.race_all = v > 0.0,
             _ => return None,
         }
     }
