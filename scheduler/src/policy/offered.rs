@@ -1,4 +1,4 @@
-//! The work offered to the machine, for smooth's door (`smooth:sustained`, on by default): is an
+//! The work offered to the machine, for smooth's door (`smooth:sustained=1`, experimental): is an
 //! overload sustained, or a burst the machine will clear? Its one user is [`super::smooth`];
 //! docs/sim/cpu-smollm2/sustained and docs/bench/ab-cpu-smollm2 report what it does.
 //!
@@ -6,11 +6,13 @@
 //! *sustained* overload, every admitted request displaces a later one: the machine stays full
 //! for as long as the overload lasts. Under Poisson arrivals near saturation a queue also forms
 //! in bursts that the machine then clears; a request refused there displaced nobody, and its
-//! zero is simply lost (the side-by-side A/B at 1x on the CPU server lost about 4 points of
-//! goodput to fcfs that way). So the door asks whether the offered work exceeds what the machine
-//! can serve at its readers' pace: over the latest [`Offered::SAMPLES`] arrivals (refused ones
-//! too: they are demand), the machine seconds per second their expected outputs need, priced
-//! with the step-cost model as it is now.
+//! zero is simply lost (smooth trailed fcfs by about 4 points at 1x on the CPU server, refusing
+//! 7-9%). So this asks whether the offered work exceeds what the machine can serve at its
+//! readers' pace: over the latest [`Offered::SAMPLES`] arrivals (refused ones too: they are
+//! demand), the machine seconds per second their expected outputs need, priced with the
+//! step-cost model as it is now. It stays experimental: at exactly 1x the answer is a coin toss,
+//! and without clients who leave a queue that forms at 1x does not drain by itself, so the
+//! refusals it spares were worth making there (docs/sim/cpu-smollm2/sustained).
 
 use std::collections::VecDeque;
 
@@ -41,8 +43,7 @@ impl Offered {
     /// Arrivals the estimate spans. The rate of `n` Poisson arrivals is known to about
     /// `1 / sqrt(n)`: 400 puts the estimate within 5% (one standard deviation), so a load 10%
     /// under saturation is not taken for sustained overload by chance, while a step up to 1.5x
-    /// crosses 1 within a few dozen arrivals. The key `sustained` turns the test off (docs/sim
-    /// ablates both).
+    /// crosses 1 within a few dozen arrivals.
     pub(super) const SAMPLES: usize = 400;
 
     /// Records `v`'s arrival, expected to produce `tokens` output tokens.
