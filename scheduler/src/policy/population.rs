@@ -46,3 +46,46 @@ impl Loop {
         self.score > 0.5
     }
 }
+
+/// Closed-loop detection.
+#[cfg(test)]
+mod tests {
+    use super::Loop;
+
+    /// Clients that answer an end at once are told apart from independent arrivals that happen
+    /// to follow one.
+    #[test]
+    fn a_closed_loop_is_told_from_independent_arrivals() {
+        // Independent arrivals every 100 ms, something ending 30 ms before each: far outside
+        // 5% of the gap.
+        let mut open = Loop::default();
+        for i in 0..200_u32 {
+            let t = f64::from(i) * 0.1;
+            assert!(!open.arrival(t, t - 0.03, u64::from(i) + 1), "arrival {i}");
+        }
+        // A closed loop: each end is answered at once (the same instant in the simulator, a few
+        // milliseconds on a server), and several clients may answer the same end (a step that
+        // finished several streams); a request on its way before the end is not an answer.
+        let mut closed = Loop::default();
+        let mut seen = vec![];
+        for i in 0..40_u32 {
+            let end = f64::from(i) * 0.5;
+            let n = u64::from(i) * 2 + 2;
+            seen.push(closed.arrival(end - 0.2, end, n));
+            seen.push(closed.arrival(end + 0.003, end, n));
+            seen.push(closed.arrival(end + 0.004, end, n));
+        }
+        // A storm of refusals at one instant: each is an end, answered at once.
+        let mut storm = Loop::default();
+        let answered: Vec<bool> = (1..=20).map(|n| storm.arrival(1.0, 1.0, n)).collect();
+        assert!(answered[19], "{answered:?}");
+        assert!(!seen[0] && seen[119], "{seen:?}");
+        // Once ends are no longer answered, the population is open again.
+        let mut t = 20.0;
+        for n in 0..40 {
+            t += 0.5;
+            closed.arrival(t, t - 0.25, 100 + n);
+        }
+        assert!(!closed.arrival(t + 0.5, t + 0.2, 200));
+    }
+}
