@@ -587,9 +587,12 @@ impl Policy for Smooth {
         let slo = ctx.slo;
         // Its expected output (learned lengths), not max_tokens.
         let n = ctx.lengths.expected_total(req.max_output).max(1.0);
-        self.offered.record(req, n);
-        let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
-        let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
+        // (Experimental: the margin only under sustained overload; off, the door keeps no history.)
+        let sustained = !self.cfg.sustained || {
+            self.offered.record(req, n);
+            let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
+            self.offered.sustained_overload(&c, q, self.feed_cap(ctx))
+        };
         let own_risk = self.cfg.door_patience;
         let benefit = |idle: f64| {
             let b = n - slo.alpha * slo.penalty.apply(idle);
@@ -917,7 +920,7 @@ mod tests {
         let (b, a) = run(on, 150, 1, 8, false);
         assert!(a > 1.3 * b, "fed twice as fast as read, with the limit holding requests out: {b} -> {a}");
         // Under overload the door keeps the queue empty: its refusals are the limit binding.
-        let (b, a) = run(SmoothConfig { sustained: false, ..on }, 150, 1, 0, true);
+        let (b, a) = run(on, 150, 1, 0, true);
         assert!(a > 1.3 * b, "fed twice as fast as read, the limit refusing at the door: {b} -> {a}");
         let (b, a) = run(on, 100, 4, 8, false);
         assert!(a < 0.6 * b, "fed at half the reading rate with requests waiting: {b} -> {a}");
@@ -1075,17 +1078,24 @@ mod tests {
         assert!(smooth.admit(&req, &ctx(&queue)).is_err());
     }
 
+    /// A batch of 80 light streams early in their answers, more than the feed limit keeps at 5
+    /// tok/s, and six requests queued behind it.
+    fn full_batch() -> (Vec<SeqView>, Vec<SeqView>) {
+        let running = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
+        let waiting = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
+        (running, waiting)
+    }
+
     /// Under overload a heavy newcomer displaces a light request, not one of its own weight: with
     /// a batch full of light streams, the heavy one is admitted where the plain door (`displace`
     /// off) refuses it for the same predicted wait, and a light newcomer is refused either way.
     #[test]
     fn a_heavy_newcomer_is_weighed_against_the_light_request_it_displaces() {
         let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
-        let running: Vec<SeqView> = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
-        let waiting: Vec<SeqView> = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
+        let (running, waiting) = full_batch();
         let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
         let admit = |displace: bool, weight: f64| {
-            let mut s = Smooth::new(SmoothConfig { displace, race: false, sustained: false, ..SmoothConfig::default() });
+            let mut s = Smooth::new(SmoothConfig { displace, race: false, ..SmoothConfig::default() });
             s.admit(&seq(1000, 10.0, 40, 0, weight), &ctx)
         };
         assert!(admit(false, 4.0).is_err(), "the plain door refuses the heavy newcomer here");
@@ -1133,8 +1143,7 @@ mod tests {
     #[test]
     fn the_door_refuses_for_waiting_only_under_sustained_overload() {
         let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
-        let running: Vec<SeqView> = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
-        let waiting: Vec<SeqView> = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
+        let (running, waiting) = full_batch();
         let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
         let after = |rate: f64, sustained: bool| {
             let mut s = Smooth::new(SmoothConfig { sustained, ..SmoothConfig::default() });
