@@ -81,7 +81,7 @@ impl FeedControl {
             self.got = self.got * fade + got;
             if self.read >= Self::MIN_READ && target > 0.0 {
                 let err = (self.got / self.read / target).ln().clamp(-0.5, 0.2);
-                if (err < 0.0 && (self.queued || self.refused)) || self.held || self.refused {
+                if self.held || self.refused || (err < 0.0 && self.queued) {
                     let step = (dt / Self::SETTLE_S).min(1.0) * err;
                     self.log_scale = (self.log_scale + step).clamp(-Self::MAX_LOG, Self::MAX_LOG);
                 }

@@ -195,7 +195,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 13] = [
+pub const SMOOTH_KEYS: [&str; 14] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -209,6 +209,7 @@ pub const SMOOTH_KEYS: [&str; 13] = [
     "sustained",
     "race_all",
     "door_patience",
+    "externality",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -233,6 +234,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "sustained" => c.sustained = v > 0.0,
             "race_all" => c.race_all = v > 0.0,
             "door_patience" => c.door_patience = v > 0.0,
+            "externality" => c.externality = v > 0.0,
             _ => return None,
         }
     }

@@ -33,6 +33,27 @@ struct Arrival {
     prefill_pairs: f64,
 }
 
+impl Arrival {
+    fn of(v: &SeqView, tokens: f64) -> Self {
+        let cached = v.prompt_len - v.uncached_prompt();
+        Arrival {
+            at: v.arrival,
+            tokens,
+            token_context: tokens * (v.prompt_len as f64 + tokens / 2.0),
+            prefill: v.uncached_prompt() as f64,
+            prefill_pairs: pairs(cached, v.uncached_prompt()),
+        }
+    }
+
+    /// Its machine seconds apart from the base.
+    fn work(&self, c: &CostCoeffs) -> f64 {
+        c.per_decode_seq_s * self.tokens
+            + c.per_kv_token_s * self.token_context
+            + c.per_prefill_token_s * self.prefill
+            + c.per_attn_pair_s * self.prefill_pairs
+    }
+}
+
 /// The offered work over the latest arrivals.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Offered {
@@ -51,38 +72,21 @@ impl Offered {
         if self.recent.len() >= Self::SAMPLES {
             self.recent.pop_front();
         }
-        let cached = v.prompt_len - v.uncached_prompt();
-        self.recent.push_back(Arrival {
-            at: v.arrival,
-            tokens,
-            token_context: tokens * (v.prompt_len as f64 + tokens / 2.0),
-            prefill: v.uncached_prompt() as f64,
-            prefill_pairs: pairs(cached, v.uncached_prompt()),
-        });
+        self.recent.push_back(Arrival::of(v, tokens));
+    }
+
+    /// The time the window spans (from its oldest arrival to its latest), when it spans any.
+    fn span(&self) -> Option<f64> {
+        let span = self.recent.back()?.at - self.recent.front()?.at;
+        (span > 0.0).then_some(span)
     }
 
     /// Machine seconds per second of the work that arrived over the window, apart from the
     /// per-step base cost (the arrivals after the oldest, over the time since it); `None` until
     /// two arrivals span some time.
     pub(super) fn rate(&self, c: &CostCoeffs) -> Option<f64> {
-        let first = self.recent.front()?;
-        let last = self.recent.back()?;
-        let span = last.at - first.at;
-        if span <= 0.0 {
-            return None;
-        }
-        let work: f64 = self
-            .recent
-            .iter()
-            .skip(1)
-            .map(|a| {
-                c.per_decode_seq_s * a.tokens
-                    + c.per_kv_token_s * a.token_context
-                    + c.per_prefill_token_s * a.prefill
-                    + c.per_attn_pair_s * a.prefill_pairs
-            })
-            .sum();
-        Some(work / span)
+        let span = self.span()?;
+        Some(self.recent.iter().skip(1).map(|a| a.work(c)).sum::<f64>() / span)
     }
 
     /// Is the offered work more than the feed limit can serve? Streams kept at their readers'
@@ -94,8 +98,37 @@ impl Offered {
     /// sustainable while that fits `cap`, that is while `w <= 1 - q * base / cap`.
     pub(super) fn sustained_overload(&self, c: &CostCoeffs, q: f64, cap: f64) -> bool {
         let Some(w) = self.rate(c) else { return false };
-        w > 1.0 - q * c.base_s / cap
+        w > Self::capacity(c, q, cap)
     }
+
+    /// The machine seconds per second, apart from the base, that the feed limit serves
+    /// (see [`Self::sustained_overload`]).
+    fn capacity(c: &CostCoeffs, q: f64, cap: f64) -> f64 {
+        (1.0 - q * c.base_s / cap).max(1e-3)
+    }
+
+    /// The wait that admitting `v` (expected to produce `tokens`, to start `wait` seconds from
+    /// now) adds to the requests that arrive after it, summed over them: seconds of added wait
+    /// (`smooth:externality=1`, experimental; [`super::smooth::SmoothConfig::externality`]).
+    ///
+    /// A fluid queue: `v`'s work (apart from the base) holds every later start back by
+    /// `delta = work / capacity`, and it holds back every request that arrives before the
+    /// backlog clears. At offered load `rho` under capacity the backlog ahead of the last place
+    /// `v` takes (`wait + delta` seconds of the machine) drains at `1 - rho`, so
+    /// `lambda * (wait + delta) / (1 - rho)` requests arrive meanwhile: the M/G/1 externality,
+    /// which grows without bound as `rho` nears 1. At or over capacity nothing drains, and the
+    /// count is taken over the time the window spans (as far ahead as the rate is known back).
+    /// Zero until the window spans some time.
+    pub(super) fn added_wait(&self, c: &CostCoeffs, q: f64, cap: f64, v: &SeqView, tokens: f64, wait: f64) -> f64 {
+        let (Some(span), Some(w)) = (self.span(), self.rate(c)) else { return 0.0 };
+        let capacity = Self::capacity(c, q, cap);
+        let lambda = (self.recent.len() - 1) as f64 / span;
+        let rho = w / capacity;
+        let delta = Arrival::of(v, tokens).work(c) / capacity;
+        let clear = if rho < 1.0 { ((wait.max(0.0) + delta) / (1.0 - rho)).min(span) } else { span };
+        lambda * clear * delta
+    }
+
 }
 
 #[cfg(test)]
@@ -150,5 +183,28 @@ mod tests {
             o.record(&req(t0 + i as f64 / 0.5), 100.0);
         }
         assert!(!o.sustained_overload(&c, 5.0, 1.0));
+    }
+
+    /// The wait a newcomer adds to later arrivals: nothing before the window spans any time,
+    /// then more the nearer the offered work is to what the machine serves, and over it the
+    /// arrivals over the whole window each wait its second longer.
+    #[test]
+    fn the_added_wait_grows_without_bound_as_the_load_nears_the_machine() {
+        let c = CostCoeffs { base_s: 0.0, per_prefill_token_s: 0.0, per_decode_seq_s: 0.01, per_kv_token_s: 0.0, per_attn_pair_s: 0.0 };
+        let added = |o: &Offered| o.added_wait(&c, 5.0, 1.0, &req(0.0), 100.0, 2.0);
+        assert_eq!(added(&Offered::default()), 0.0);
+        let at = |rate: f64| {
+            let mut o = Offered::default();
+            for i in 0..Offered::SAMPLES {
+                o.record(&req(i as f64 / rate), 100.0);
+            }
+            o
+        };
+        // At half load: 0.5 arrivals a second over (2 + 1) / 0.5 s, each a second later.
+        assert!((added(&at(0.5)) - 3.0).abs() < 1e-6, "{}", added(&at(0.5)));
+        let loads = [0.5, 0.8, 0.9, 0.95];
+        assert!(loads.windows(2).all(|w| added(&at(w[0])) < added(&at(w[1]))));
+        // Over the machine: every arrival over the window's 399 / 1.5 s, each a second later.
+        assert!((added(&at(1.5)) - 399.0).abs() < 1e-6, "{}", added(&at(1.5)));
     }
 }
