@@ -31,10 +31,12 @@ struct Arrival {
     /// Prompt tokens to prefill, and their query-key pairs.
     prefill: f64,
     prefill_pairs: f64,
+    /// The delay it was predicted to pass on to a request arriving after it (seconds).
+    delay: f64,
 }
 
 impl Arrival {
-    fn of(v: &SeqView, tokens: f64) -> Self {
+    fn of(v: &SeqView, tokens: f64, delay: f64) -> Self {
         let cached = v.prompt_len - v.uncached_prompt();
         Arrival {
             at: v.arrival,
@@ -42,6 +44,7 @@ impl Arrival {
             token_context: tokens * (v.prompt_len as f64 + tokens / 2.0),
             prefill: v.uncached_prompt() as f64,
             prefill_pairs: pairs(cached, v.uncached_prompt()),
+            delay,
         }
     }
 
@@ -67,12 +70,13 @@ impl Offered {
     /// crosses 1 within a few dozen arrivals.
     pub(super) const SAMPLES: usize = 400;
 
-    /// Records `v`'s arrival, expected to produce `tokens` output tokens.
-    pub(super) fn record(&mut self, v: &SeqView, tokens: f64) {
+    /// Records `v`'s arrival, expected to produce `tokens` output tokens and predicted to delay
+    /// a request arriving after it by `delay` seconds.
+    pub(super) fn record(&mut self, v: &SeqView, tokens: f64, delay: f64) {
         if self.recent.len() >= Self::SAMPLES {
             self.recent.pop_front();
         }
-        self.recent.push_back(Arrival::of(v, tokens));
+        self.recent.push_back(Arrival::of(v, tokens, delay));
     }
 
     /// The time the window spans (from its oldest arrival to its latest), when it spans any.
@@ -107,26 +111,27 @@ impl Offered {
         (1.0 - q * c.base_s / cap).max(1e-3)
     }
 
-    /// The wait that admitting `v` (expected to produce `tokens`, to start `wait` seconds from
-    /// now) adds to the requests that arrive after it, summed over them: seconds of added wait
+    /// The wait that admitting a request (to start `wait` seconds from now) adds to the
+    /// requests that arrive after it, summed over them: seconds of added wait
     /// (`smooth:externality=1`, experimental; [`super::smooth::SmoothConfig::externality`]).
     ///
-    /// A fluid queue: `v`'s work (apart from the base) holds every later start back by
-    /// `delta = work / capacity`, and it holds back every request that arrives before the
-    /// backlog clears. At offered load `rho` under capacity the backlog ahead of the last place
-    /// `v` takes (`wait + delta` seconds of the machine) drains at `1 - rho`, so
-    /// `lambda * (wait + delta) / (1 - rho)` requests arrive meanwhile: the M/G/1 externality,
-    /// which grows without bound as `rho` nears 1. At or over capacity nothing drains, and the
-    /// count is taken over the time the window spans (as far ahead as the rate is known back).
-    /// Zero until the window spans some time.
-    pub(super) fn added_wait(&self, c: &CostCoeffs, q: f64, cap: f64, v: &SeqView, tokens: f64, wait: f64) -> f64 {
-        let (Some(span), Some(w)) = (self.span(), self.rate(c)) else { return 0.0 };
-        let capacity = Self::capacity(c, q, cap);
-        let lambda = (self.recent.len() - 1) as f64 / span;
-        let rho = w / capacity;
-        let delta = Arrival::of(v, tokens).work(c) / capacity;
-        let clear = if rho < 1.0 { ((wait.max(0.0) + delta) / (1.0 - rho)).min(span) } else { span };
-        lambda * clear * delta
+    /// A fluid queue: each request holds the head of the queue for the mean delay the latest
+    /// arrivals were predicted to pass on (one finish's worth; a single request's own delay is
+    /// lumpy: zero where one finish frees room for two), so the requests arriving meanwhile
+    /// each start that much later. The load `rho` is the arrival rate times that delay; under 1
+    /// the backlog up to the place the request takes (`wait + delay`) drains at `1 - rho`, so
+    /// `lambda * (wait + delay) / (1 - rho)` requests arrive before it clears: the M/G/1
+    /// externality, which grows without bound as `rho` nears 1. At or over 1 nothing drains,
+    /// and the count is taken over the time the window spans (as far ahead as the rate is known
+    /// back). Zero until the window spans some time.
+    pub(super) fn added_wait(&self, wait: f64) -> f64 {
+        let Some(span) = self.span() else { return 0.0 };
+        let arrivals = (self.recent.len() - 1) as f64;
+        let lambda = arrivals / span;
+        let delay = self.recent.iter().skip(1).map(|a| a.delay.max(0.0)).sum::<f64>() / arrivals;
+        let rho = lambda * delay;
+        let clear = if rho < 1.0 { ((wait.max(0.0) + delay) / (1.0 - rho)).min(span) } else { span };
+        lambda * clear * delay
     }
 
 }
@@ -162,7 +167,7 @@ mod tests {
         let at = |rate: f64| {
             let mut o = Offered::default();
             for i in 0..Offered::SAMPLES {
-                o.record(&req(i as f64 / rate), 100.0);
+                o.record(&req(i as f64 / rate), 100.0, 0.0);
             }
             o
         };
@@ -180,23 +185,23 @@ mod tests {
         let mut o = at(2.0);
         let t0 = (Offered::SAMPLES as f64 - 1.0) / 2.0;
         for i in 1..=Offered::SAMPLES {
-            o.record(&req(t0 + i as f64 / 0.5), 100.0);
+            o.record(&req(t0 + i as f64 / 0.5), 100.0, 0.0);
         }
         assert!(!o.sustained_overload(&c, 5.0, 1.0));
     }
 
     /// The wait a newcomer adds to later arrivals: nothing before the window spans any time,
-    /// then more the nearer the offered work is to what the machine serves, and over it the
-    /// arrivals over the whole window each wait its second longer.
+    /// then more the nearer the load (arrivals times the mean delay each passes on) is to 1,
+    /// and over it the arrivals over the whole window each wait that delay longer.
     #[test]
-    fn the_added_wait_grows_without_bound_as_the_load_nears_the_machine() {
-        let c = CostCoeffs { base_s: 0.0, per_prefill_token_s: 0.0, per_decode_seq_s: 0.01, per_kv_token_s: 0.0, per_attn_pair_s: 0.0 };
-        let added = |o: &Offered| o.added_wait(&c, 5.0, 1.0, &req(0.0), 100.0, 2.0);
+    fn the_added_wait_grows_without_bound_as_the_load_nears_one() {
+        let added = |o: &Offered| o.added_wait(2.0);
         assert_eq!(added(&Offered::default()), 0.0);
+        // Arrivals at `rate` a second, each passing on a second.
         let at = |rate: f64| {
             let mut o = Offered::default();
             for i in 0..Offered::SAMPLES {
-                o.record(&req(i as f64 / rate), 100.0);
+                o.record(&req(i as f64 / rate), 100.0, 1.0);
             }
             o
         };
@@ -204,7 +209,13 @@ mod tests {
         assert!((added(&at(0.5)) - 3.0).abs() < 1e-6, "{}", added(&at(0.5)));
         let loads = [0.5, 0.8, 0.9, 0.95];
         assert!(loads.windows(2).all(|w| added(&at(w[0])) < added(&at(w[1]))));
-        // Over the machine: every arrival over the window's 399 / 1.5 s, each a second later.
+        // Over 1: every arrival over the window's 399 / 1.5 s, each a second later.
         assert!((added(&at(1.5)) - 399.0).abs() < 1e-6, "{}", added(&at(1.5)));
+        // Where the latest arrivals took nobody's place, nor does this one.
+        let mut o = Offered::default();
+        for i in 0..Offered::SAMPLES {
+            o.record(&req(i as f64), 100.0, 0.0);
+        }
+        assert_eq!(o.added_wait(2.0), 0.0);
     }
 }

@@ -179,10 +179,14 @@ pub struct SmoothConfig {
     /// itself) it lost 5.7 points at 1x (docs/sim/cpu-smollm2/sustained), so it stays off.
     pub sustained: bool,
     /// Experimental (key `externality`, off): the door weighs a waiting newcomer's benefit
-    /// against the lateness it adds to the requests arriving after it, predicted from the
-    /// offered load over the latest arrivals (an M/G/1-style externality that grows without
-    /// bound as the load nears what the machine serves, [`Offered::added_wait`]) instead of
-    /// the `admit_max_loss` margin.
+    /// against the lateness it adds to the requests arriving after it, instead of the
+    /// `admit_max_loss` margin. The start prediction runs on for a request like it arriving
+    /// next: the delay it passes on is how much later that one starts than in its place (the
+    /// feed limit's every bound counts: step time, KV memory, sequences). Each request holds
+    /// the queue's head for the mean of that delay over the latest arrivals, the load is the
+    /// arrival rate times it, and every request arriving before the backlog clears starts that
+    /// much later (an M/G/1-style externality that grows without bound as the load nears 1,
+    /// [`Offered::added_wait`]).
     pub externality: bool,
 }
 
@@ -230,6 +234,9 @@ pub struct Smooth {
     control: FeedControl,
     /// The work offered over the latest arrivals (see [`SmoothConfig::sustained`]).
     offered: Offered,
+    /// How much later a request like the last one predicted would start behind it than in its
+    /// place (see [`SmoothConfig::externality`]).
+    follower_delay: f64,
 }
 
 impl Smooth {
@@ -506,7 +513,19 @@ impl Smooth {
             self.finishes.insert(pos, (end, p * share, p, p * kv));
         }
         let kv = Feed::blocks(ctx, req, req_rem);
-        start(req, Feed::share(c, req, req_rem, kappa), kv, 1.0, &mut t, &mut feed, &mut self.finishes)
+        let share = Feed::share(c, req, req_rem, kappa);
+        let at = start(req, share, kv, 1.0, &mut t, &mut feed, &mut self.finishes);
+        self.follower_delay = 0.0;
+        if self.cfg.externality {
+            // A request like it arriving next starts where it would have, or later if it
+            // takes that place (`SmoothConfig::externality`): the delay it passes on.
+            feed = feed.with(req.class.reading_rate, share, kv);
+            let end = at + req_rem / req.class.reading_rate;
+            let pos = self.finishes.partition_point(|f| f.0 > end);
+            self.finishes.insert(pos, (end, share, 1.0, kv));
+            self.follower_delay = start(req, share, kv, 1.0, &mut t, &mut feed, &mut self.finishes) - at;
+        }
+        at
     }
 
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
@@ -608,7 +627,7 @@ impl Policy for Smooth {
         // later arrivals instead of the margin; with neither, the door keeps no history.)
         let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
         if self.cfg.sustained || self.cfg.externality {
-            self.offered.record(req, n);
+            self.offered.record(req, n, self.follower_delay);
         }
         let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
         let own_risk = self.cfg.door_patience;
@@ -633,7 +652,7 @@ impl Policy for Smooth {
             req.class.weight
         };
         let displaced = if self.cfg.externality {
-            let later = self.offered.added_wait(&c, q, self.feed_cap(ctx), req, n, start - ctx.now);
+            let later = self.offered.added_wait(start - ctx.now);
             req.class.weight * benefit(idle) < w_ref * slo.alpha * penalty_slope(slo.penalty, idle) * later
         } else {
             req.class.weight * benefit(idle) < w_ref * (benefit(idle_alone) - max_loss)

@@ -352,7 +352,9 @@ fn the_door_refuses_for_waiting_only_under_sustained_overload() {
 #[test]
 fn the_door_can_price_the_lateness_a_newcomer_adds_to_later_arrivals() {
     let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
-    let (running, waiting) = full_batch();
+    // A full batch whose streams end one by one, 0.6 s apart, and six requests queued.
+    let running: Vec<SeqView> = (0..80).map(|i| SeqView { max_output: 20 + i as usize * 3, ..seq(i, 0.0, 40, 5, 1.0) }).collect();
+    let (_, waiting) = full_batch();
     let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
     let after = |rate: f64| {
         let mut s = Smooth::new(SmoothConfig { externality: true, ..SmoothConfig::default() });
