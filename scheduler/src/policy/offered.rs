@@ -102,13 +102,7 @@ impl Offered {
     /// sustainable while that fits `cap`, that is while `w <= 1 - q * base / cap`.
     pub(super) fn sustained_overload(&self, c: &CostCoeffs, q: f64, cap: f64) -> bool {
         let Some(w) = self.rate(c) else { return false };
-        w > Self::capacity(c, q, cap)
-    }
-
-    /// The machine seconds per second, apart from the base, that the feed limit serves
-    /// (see [`Self::sustained_overload`]).
-    fn capacity(c: &CostCoeffs, q: f64, cap: f64) -> f64 {
-        (1.0 - q * c.base_s / cap).max(1e-3)
+        w > 1.0 - q * c.base_s / cap
     }
 
     /// The wait that admitting a request (to start `wait` seconds from now) adds to the
@@ -160,17 +154,20 @@ mod tests {
         }
     }
 
+    /// A full window of arrivals at `rate` a second, each of 100 tokens passing on `delay`.
+    fn arrivals(rate: f64, delay: f64) -> Offered {
+        let mut o = Offered::default();
+        for i in 0..Offered::SAMPLES {
+            o.record(&req(i as f64 / rate), 100.0, delay);
+        }
+        o
+    }
+
     #[test]
     fn sustained_overload_follows_the_offered_rate_against_the_machine() {
         // 10 ms per output token, no base: a request of 100 tokens is 1 s of machine time.
         let c = CostCoeffs { base_s: 0.0, per_prefill_token_s: 0.0, per_decode_seq_s: 0.01, per_kv_token_s: 0.0, per_attn_pair_s: 0.0 };
-        let at = |rate: f64| {
-            let mut o = Offered::default();
-            for i in 0..Offered::SAMPLES {
-                o.record(&req(i as f64 / rate), 100.0, 0.0);
-            }
-            o
-        };
+        let at = |rate: f64| arrivals(rate, 0.0);
         assert!(Offered::default().rate(&c).is_none());
         let half = at(0.5);
         assert!((half.rate(&c).unwrap() - 0.5).abs() < 1e-9);
@@ -198,13 +195,7 @@ mod tests {
         let added = |o: &Offered| o.added_wait(2.0);
         assert_eq!(added(&Offered::default()), 0.0);
         // Arrivals at `rate` a second, each passing on a second.
-        let at = |rate: f64| {
-            let mut o = Offered::default();
-            for i in 0..Offered::SAMPLES {
-                o.record(&req(i as f64 / rate), 100.0, 1.0);
-            }
-            o
-        };
+        let at = |rate: f64| arrivals(rate, 1.0);
         // At half load: 0.5 arrivals a second over (2 + 1) / 0.5 s, each a second later.
         assert!((added(&at(0.5)) - 3.0).abs() < 1e-6, "{}", added(&at(0.5)));
         let loads = [0.5, 0.8, 0.9, 0.95];
@@ -212,10 +203,6 @@ mod tests {
         // Over 1: every arrival over the window's 399 / 1.5 s, each a second later.
         assert!((added(&at(1.5)) - 399.0).abs() < 1e-6, "{}", added(&at(1.5)));
         // Where the latest arrivals took nobody's place, nor does this one.
-        let mut o = Offered::default();
-        for i in 0..Offered::SAMPLES {
-            o.record(&req(i as f64), 100.0, 0.0);
-        }
-        assert_eq!(o.added_wait(2.0), 0.0);
+        assert_eq!(arrivals(1.0, 0.0).added_wait(2.0), 0.0);
     }
 }

@@ -234,9 +234,6 @@ pub struct Smooth {
     control: FeedControl,
     /// The work offered over the latest arrivals (see [`SmoothConfig::sustained`]).
     offered: Offered,
-    /// How much later a request like the last one predicted would start behind it than in its
-    /// place (see [`SmoothConfig::externality`]).
-    follower_delay: f64,
 }
 
 impl Smooth {
@@ -441,15 +438,16 @@ impl Smooth {
     /// as soon as its share fits. A waiting request counts with the probability that its client
     /// is still there when its turn comes (learned patience, [`crate::patience`]): a long queue
     /// of clients who give up after seconds is mostly gone before it starts. Engine time; `now`
-    /// when it fits at once.
-    fn predicted_start(&mut self, req: &SeqView, ctx: &PolicyContext<'_>, c: &CostCoeffs) -> f64 {
+    /// when it fits at once. With [`SmoothConfig::externality`], also how much later a request
+    /// like it arriving next would start behind it than in its place (zero without).
+    fn predicted_start(&mut self, req: &SeqView, ctx: &PolicyContext<'_>, c: &CostCoeffs) -> (f64, f64) {
         let cap = self.feed_cap(ctx);
         let kv_cap = self.kv_cap(ctx);
         let now = ctx.now;
         // A queue this long is refused anyway; stop predicting past it.
         const MAX_QUEUE_SIMULATED: usize = 4096;
         if ctx.waiting.len() > MAX_QUEUE_SIMULATED {
-            return f64::INFINITY;
+            return (f64::INFINITY, 0.0);
         }
         let req_rem = ctx.lengths.expected_total(req.max_output);
         let kappa = prefill_per_token(c, ctx, Some((req, req_rem)));
@@ -515,17 +513,16 @@ impl Smooth {
         let kv = Feed::blocks(ctx, req, req_rem);
         let share = Feed::share(c, req, req_rem, kappa);
         let at = start(req, share, kv, 1.0, &mut t, &mut feed, &mut self.finishes);
-        self.follower_delay = 0.0;
-        if self.cfg.externality {
-            // A request like it arriving next starts where it would have, or later if it
-            // takes that place (`SmoothConfig::externality`): the delay it passes on.
-            feed = feed.with(req.class.reading_rate, share, kv);
-            let end = at + req_rem / req.class.reading_rate;
-            let pos = self.finishes.partition_point(|f| f.0 > end);
-            self.finishes.insert(pos, (end, share, 1.0, kv));
-            self.follower_delay = start(req, share, kv, 1.0, &mut t, &mut feed, &mut self.finishes) - at;
+        if !self.cfg.externality {
+            return (at, 0.0);
         }
-        at
+        // A request like it arriving next starts where it would have, or later if it takes that
+        // place: the delay it passes on.
+        feed = feed.with(req.class.reading_rate, share, kv);
+        let end = at + req_rem / req.class.reading_rate;
+        let pos = self.finishes.partition_point(|f| f.0 > end);
+        self.finishes.insert(pos, (end, share, 1.0, kv));
+        (at, start(req, share, kv, 1.0, &mut t, &mut feed, &mut self.finishes) - at)
     }
 
     /// Shape and time of a full step with the current decodes: (prefill tokens, seconds).
@@ -608,7 +605,7 @@ impl Policy for Smooth {
         // The feed limit: a waiting request starts when the streams running (at their readers'
         // pace, for their expected remaining output) have freed enough of the machine, in queue
         // order, each started request then running for its own expected output.
-        let start = self.predicted_start(req, ctx, &c);
+        let (start, passed_on) = self.predicted_start(req, ctx, &c);
         // Capacity-bound: it cannot start before running streams finish. Only then does
         // admitting it displace a later request (the machine is full for as long as the overload
         // lasts); a backlog of prompts with room to run them is a burst that clears by itself.
@@ -627,7 +624,7 @@ impl Policy for Smooth {
         // later arrivals instead of the margin; with neither, the door keeps no history.)
         let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
         if self.cfg.sustained || self.cfg.externality {
-            self.offered.record(req, n, self.follower_delay);
+            self.offered.record(req, n, passed_on);
         }
         let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
         let own_risk = self.cfg.door_patience;

@@ -160,7 +160,7 @@ fn a_heavy_newcomer_predicts_its_start_by_the_race_of_lighter_streams() {
     let c = cost.effective();
     let start = |race: bool, race_all: bool, weight: f64| {
         let mut s = Smooth::new(SmoothConfig { race, race_all, ..SmoothConfig::default() });
-        s.predicted_start(&seq(1000, 10.0, 40, 0, weight), &ctx, &c)
+        s.predicted_start(&seq(1000, 10.0, 40, 0, weight), &ctx, &c).0
     };
     let (sorted, raced) = (start(false, false, 4.0), start(true, false, 4.0));
     assert!(sorted > 10.0, "the batch is full: {sorted}");
@@ -273,6 +273,16 @@ fn full_batch() -> (Vec<SeqView>, Vec<SeqView>) {
     (running, waiting)
 }
 
+/// The door's answer to a newcomer at `ctx`'s time after 400 arrivals at `rate` a second that
+/// it saw (and answered) in the same state.
+fn door_after(cfg: SmoothConfig, rate: f64, ctx: &PolicyContext<'_>) -> Result<(), (crate::request::RejectReason, f64)> {
+    let mut s = Smooth::new(cfg);
+    for i in 0..400 {
+        let _ = s.admit(&seq(2000 + i, ctx.now - (400 - i) as f64 / rate, 40, 0, 1.0), ctx);
+    }
+    s.admit(&seq(1000, ctx.now, 40, 0, 1.0), ctx)
+}
+
 /// Under overload a heavy newcomer displaces a light request, not one of its own weight: with
 /// a batch full of light streams, the heavy one is admitted where the plain door (`displace`
 /// off) refuses it for the same predicted wait, and a light newcomer is refused either way.
@@ -332,13 +342,7 @@ fn the_door_refuses_for_waiting_only_under_sustained_overload() {
     let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
     let (running, waiting) = full_batch();
     let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
-    let after = |rate: f64, sustained: bool| {
-        let mut s = Smooth::new(SmoothConfig { sustained, ..SmoothConfig::default() });
-        for i in 0..400 {
-            let _ = s.admit(&seq(2000 + i, 10.0 - (400 - i) as f64 / rate, 40, 0, 1.0), &ctx);
-        }
-        s.admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx)
-    };
+    let after = |rate: f64, sustained: bool| door_after(SmoothConfig { sustained, ..SmoothConfig::default() }, rate, &ctx);
     assert!(after(5.0, true).is_err(), "overloaded for the last 80 s");
     assert!(after(0.2, true).is_ok(), "a burst after a light load");
     assert!(after(0.2, false).is_err(), "without the test, the margin refuses either way");
@@ -356,13 +360,7 @@ fn the_door_can_price_the_lateness_a_newcomer_adds_to_later_arrivals() {
     let running: Vec<SeqView> = (0..80).map(|i| SeqView { max_output: 20 + i as usize * 3, ..seq(i, 0.0, 40, 5, 1.0) }).collect();
     let (_, waiting) = full_batch();
     let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
-    let after = |rate: f64| {
-        let mut s = Smooth::new(SmoothConfig { externality: true, ..SmoothConfig::default() });
-        for i in 0..400 {
-            let _ = s.admit(&seq(2000 + i, 10.0 - (400 - i) as f64 / rate, 40, 0, 1.0), &ctx);
-        }
-        s.admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx)
-    };
+    let after = |rate: f64| door_after(SmoothConfig { externality: true, ..SmoothConfig::default() }, rate, &ctx);
     // Arrivals a second that offer the machine's whole time in decode slots alone (their KV
     // reads and prefill come on top: about 1.6 times that).
     let full = 1.0 / (cost.coeffs().per_decode_seq_s * lengths.expected_total(1000));
