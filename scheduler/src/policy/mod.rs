@@ -13,6 +13,7 @@ mod feed_control;
 mod offered;
 mod population;
 mod smooth;
+mod wait_calibration;
 
 pub use ablations::{FcfsAdmission, Sarathi};
 pub use drop_late::DropLate;
@@ -195,7 +196,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 14] = [
+pub const SMOOTH_KEYS: [&str; 15] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -210,6 +211,7 @@ pub const SMOOTH_KEYS: [&str; 14] = [
     "race_all",
     "door_patience",
     "externality",
+    "calibrate",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -235,6 +237,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "race_all" => c.race_all = v > 0.0,
             "door_patience" => c.door_patience = v > 0.0,
             "externality" => c.externality = v > 0.0,
+            "calibrate" => c.calibrate = v > 0.0,
             _ => return None,
         }
     }

@@ -96,6 +96,7 @@ use std::cmp::Ordering;
 use super::feed_control::FeedControl;
 use super::offered::Offered;
 use super::population::Loop;
+use super::wait_calibration::WaitCalibration;
 use super::{Decisions, Grant, Policy, PolicyContext, SeqView};
 use crate::cost::{pairs, CostCoeffs, StepShape};
 use crate::request::RejectReason;
@@ -188,6 +189,12 @@ pub struct SmoothConfig {
     /// much later (an M/G/1-style externality that grows without bound as the load nears 1,
     /// [`Offered::added_wait`]).
     pub externality: bool,
+    /// Experimental (key `calibrate`, off): the door scales its predicted wait for the feed
+    /// limit by how long the latest admitted requests really waited against what it predicted
+    /// for them ([`WaitCalibration`]), so that neither the sorted expected ends (pessimistic with
+    /// a full batch) nor the race (optimistic when answers are less spread than exponential)
+    /// decides refusals by its bias.
+    pub calibrate: bool,
 }
 
 impl Default for SmoothConfig {
@@ -209,6 +216,7 @@ impl Default for SmoothConfig {
             feed_target: 0.0,
             sustained: false,
             externality: false,
+            calibrate: false,
         }
     }
 }
@@ -234,6 +242,9 @@ pub struct Smooth {
     control: FeedControl,
     /// The work offered over the latest arrivals (see [`SmoothConfig::sustained`]).
     offered: Offered,
+    /// The door's predicted waits against the starts that followed (see
+    /// [`SmoothConfig::calibrate`]).
+    calibration: WaitCalibration,
 }
 
 impl Smooth {
@@ -605,7 +616,11 @@ impl Policy for Smooth {
         // The feed limit: a waiting request starts when the streams running (at their readers'
         // pace, for their expected remaining output) have freed enough of the machine, in queue
         // order, each started request then running for its own expected output.
-        let (start, passed_on) = self.predicted_start(req, ctx, &c);
+        let (mut start, passed_on) = self.predicted_start(req, ctx, &c);
+        let predicted_wait = start - ctx.now;
+        if self.cfg.calibrate {
+            start = ctx.now + predicted_wait * self.calibration.scale();
+        }
         // Capacity-bound: it cannot start before running streams finish. Only then does
         // admitting it displace a later request (the machine is full for as long as the overload
         // lasts); a backlog of prompts with room to run them is a burst that clears by itself.
@@ -663,6 +678,9 @@ impl Policy for Smooth {
             // (An hour at most: a prediction that far out is no promise.)
             return Err((RejectReason::PredictedLate, retry.max(t_full).min(3600.0)));
         }
+        if self.cfg.calibrate {
+            self.calibration.admitted(req.id, ctx.now, predicted_wait);
+        }
         Ok(())
     }
 
@@ -671,6 +689,9 @@ impl Policy for Smooth {
         let c = ctx.cost.effective();
         if self.cfg.feed_limit {
             self.control.observe(ctx, self.cfg.feed_target);
+        }
+        if self.cfg.calibrate {
+            self.calibration.observe(now, ctx.waiting);
         }
         if self.cfg.end_by_benefit {
             Self::end_by_benefit(ctx, &c, out);

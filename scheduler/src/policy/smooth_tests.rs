@@ -403,3 +403,44 @@ fn lateness_owed_anyway_is_not_a_preemption_loss() {
     let d = plan(&[due, late], &[], now, Penalty::Capped(1.0));
     assert_eq!(d.victims, vec![1, 2], "{d:?}");
 }
+
+/// The experimental `calibrate` scales the door's predicted wait for the feed limit by how long
+/// admitted requests really waited: after starts that came eight times later than predicted it
+/// refuses where the plain door admits (and never admits what the plain door refuses); after
+/// starts that came as predicted it is the plain door.
+#[test]
+fn the_door_can_learn_how_far_its_start_predictions_run_short() {
+    let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+    let trained = |ratio: f64| {
+        let mut s = Smooth::new(SmoothConfig { calibrate: true, ..SmoothConfig::default() });
+        let mut t = 0.0;
+        for id in 5000..5050 {
+            s.calibration.admitted(id, t, 1.0);
+            let queued = [seq(id, t, 40, 0, 1.0)];
+            // Queued at its admission and at the plan that starts it, gone from the queue after.
+            for (at, waiting) in [(t, &queued[..]), (t + ratio, &queued[..]), (t + ratio + 0.01, &[][..])] {
+                s.plan(&context(&[], waiting, at, (&cost, &lengths, &patience, &slo)), &mut Decisions::default());
+            }
+            t += ratio + 1.0;
+        }
+        s
+    };
+    let (exact, slow) = (trained(1.0), trained(8.0));
+    let decide = |s: &Smooth, streams: u64| {
+        // Streams a second from their ends: a full batch frees a place within about a second.
+        let near_end = |i: u64| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) };
+        let running: Vec<SeqView> = (0..streams).map(near_end).collect();
+        let ctx = context(&running, &[], 10.0, (&cost, &lengths, &patience, &slo));
+        s.clone().admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_ok()
+    };
+    let plain = Smooth::new(SmoothConfig::default());
+    let mut stricter = 0;
+    for streams in (0..400).step_by(8) {
+        let admitted = decide(&plain, streams);
+        assert_eq!(decide(&exact, streams), admitted, "{streams} streams, starts as predicted");
+        let calibrated = decide(&slow, streams);
+        assert!(admitted || !calibrated, "{streams} streams: admitted only once calibrated");
+        stricter += usize::from(admitted && !calibrated);
+    }
+    assert!(stricter > 0, "starts that came late make the door stricter somewhere");
+}

@@ -1,0 +1,152 @@
+//! How long admitted requests really waited for the feed limit against what smooth's door
+//! predicted (`smooth:calibrate=1`, experimental; [`super::smooth::SmoothConfig::calibrate`]).
+//! Its one user is [`super::smooth`].
+//!
+//! The door's start prediction is a model of the future (the running streams finish at their
+//! expected ends, or by an exponential race of them; the queue ahead starts in order, thinned by
+//! the patience clients have shown) and every such model is biased one way or the other by the
+//! workload: the sorted expected ends are pessimistic with a full batch (the first of forty
+//! streams ends well before the one expected first), the race is optimistic when answers are
+//! less spread than an exponential. So the door learns its own bias, as the feed limit learns
+//! the step-cost model's (`feed_quantile`): every admitted request predicted to wait is followed
+//! until it starts, and the prediction is scaled by the latest starts' actual over predicted
+//! waits (a ratio of sums, so the long waits, the ones that decide refusals, weigh most).
+//!
+//! A request that leaves the queue before it starts (its client gave up) counts the wait it had
+//! so far: a lower bound, so the scale errs short when many leave, which is when the door should
+//! be refusing anyway.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::SeqView;
+use crate::plan::RequestId;
+
+/// The door's start predictions against the starts that followed.
+#[derive(Debug, Clone, Default)]
+pub(super) struct WaitCalibration {
+    /// Admitted requests predicted to wait: id -> (admitted at, predicted wait for the start).
+    pending: HashMap<RequestId, (f64, f64)>,
+    /// (predicted, actual) waits of the latest starts, oldest first.
+    recent: VecDeque<(f64, f64)>,
+    /// Sums over `recent`.
+    predicted: f64,
+    actual: f64,
+    /// Engine time of the latest plan, when the requests missing from the queue now started.
+    last_plan: Option<f64>,
+    /// Scratch: the queue's ids.
+    queued: HashSet<RequestId>,
+}
+
+impl WaitCalibration {
+    /// Starts the scale follows.
+    pub(super) const SAMPLES: usize = 200;
+    /// Starts seen before the scale moves from 1.
+    pub(super) const MIN_SAMPLES: usize = 20;
+    /// The most the scale corrects a prediction by, either way.
+    const MAX_SCALE: f64 = 8.0;
+
+    /// `id` was admitted at `now`, predicted to start `wait` seconds later.
+    pub(super) fn admitted(&mut self, id: RequestId, now: f64, wait: f64) {
+        if wait > 0.0 {
+            self.pending.insert(id, (now, wait));
+        }
+    }
+
+    /// A plan at `now` with `waiting` queued: every followed request no longer there started
+    /// (or left) at the previous plan.
+    pub(super) fn observe(&mut self, now: f64, waiting: &[SeqView]) {
+        let at = self.last_plan.replace(now).unwrap_or(now);
+        if self.pending.is_empty() {
+            return;
+        }
+        self.queued.clear();
+        self.queued.extend(waiting.iter().map(|v| v.id));
+        let queued = &self.queued;
+        let mut done = Vec::new();
+        self.pending.retain(|id, &mut (since, wait)| {
+            let gone = !queued.contains(id);
+            if gone {
+                done.push((wait, (at - since).max(0.0)));
+            }
+            !gone
+        });
+        for (predicted, actual) in done {
+            if self.recent.len() >= Self::SAMPLES {
+                if let Some((p, a)) = self.recent.pop_front() {
+                    self.predicted -= p;
+                    self.actual -= a;
+                }
+            }
+            self.recent.push_back((predicted, actual));
+            self.predicted += predicted;
+            self.actual += actual;
+        }
+    }
+
+    /// What the door's predicted waits are multiplied by: the latest starts' actual over
+    /// predicted waits, 1 until [`Self::MIN_SAMPLES`] have started.
+    pub(super) fn scale(&self) -> f64 {
+        if self.recent.len() < Self::MIN_SAMPLES || self.predicted <= 0.0 {
+            return 1.0;
+        }
+        (self.actual / self.predicted).clamp(1.0 / Self::MAX_SCALE, Self::MAX_SCALE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slo::SloClass;
+
+    fn queued(ids: &[u64]) -> Vec<SeqView> {
+        ids.iter()
+            .map(|&id| SeqView {
+                id,
+                arrival: 0.0,
+                class: SloClass::default(),
+                prompt_len: 8,
+                cached_prompt: 0,
+                num_tokens: 8,
+                num_computed: 0,
+                num_output: 0,
+                max_output: 64,
+                blocks_held: 0,
+                first_token_time: None,
+                last_token_time: None,
+                max_lateness: 0.0,
+                num_preemptions: 0,
+            })
+            .collect()
+    }
+
+    /// A door that predicts waits half as long as they turn out learns to double them, and only
+    /// once enough starts were seen; requests predicted to start at once are not followed.
+    #[test]
+    fn the_scale_is_actual_over_predicted_waits_of_the_latest_starts() {
+        let mut cal = WaitCalibration::default();
+        let mut t = 0.0;
+        let mut seen = vec![];
+        for id in 0..(WaitCalibration::MIN_SAMPLES as u64 + 5) {
+            cal.admitted(id, t, 1.0);
+            cal.admitted(1000 + id, t, 0.0);
+            cal.observe(t, &queued(&[id]));
+            // The plan 2 s later starts it; the next one no longer sees it queued.
+            cal.observe(t + 2.0, &queued(&[id]));
+            cal.observe(t + 2.1, &queued(&[]));
+            seen.push(cal.scale());
+            t += 3.0;
+        }
+        assert_eq!(seen[WaitCalibration::MIN_SAMPLES - 2], 1.0, "{seen:?}");
+        assert!((seen.last().unwrap() - 2.0).abs() < 1e-9, "{seen:?}");
+        // Predictions that become exact take over as the old starts leave the window.
+        for id in 0..WaitCalibration::SAMPLES as u64 {
+            cal.admitted(5000 + id, t, 1.0);
+            cal.observe(t, &queued(&[5000 + id]));
+            cal.observe(t + 1.0, &queued(&[5000 + id]));
+            cal.observe(t + 1.05, &queued(&[]));
+            t += 1.5;
+        }
+        assert!((cal.scale() - 1.0).abs() < 1e-9, "{}", cal.scale());
+        assert!(cal.pending.is_empty());
+    }
+}
