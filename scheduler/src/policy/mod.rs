@@ -81,6 +81,28 @@ impl SeqView {
     pub fn remaining_output(&self) -> usize {
         self.max_output.saturating_sub(self.num_output)
     }
+
+    /// A request that arrived at `arrival` with a `prompt`-token prompt and has not started
+    /// (default class, room for `max_output` tokens): the policies' unit tests build on it.
+    #[cfg(test)]
+    pub(crate) fn waiting(id: RequestId, arrival: f64, prompt: usize, max_output: usize) -> Self {
+        SeqView {
+            id,
+            arrival,
+            class: SloClass::default(),
+            prompt_len: prompt,
+            cached_prompt: 0,
+            num_tokens: prompt,
+            num_computed: 0,
+            num_output: 0,
+            max_output,
+            blocks_held: 0,
+            first_token_time: None,
+            last_token_time: None,
+            max_lateness: 0.0,
+            num_preemptions: 0,
+        }
+    }
 }
 
 /// What a policy sees.

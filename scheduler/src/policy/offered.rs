@@ -133,25 +133,9 @@ impl Offered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slo::SloClass;
 
     fn req(at: f64) -> SeqView {
-        SeqView {
-            id: 0,
-            arrival: at,
-            class: SloClass::default(),
-            prompt_len: 100,
-            cached_prompt: 0,
-            num_tokens: 100,
-            num_computed: 0,
-            num_output: 0,
-            max_output: 200,
-            blocks_held: 0,
-            first_token_time: None,
-            last_token_time: None,
-            max_lateness: 0.0,
-            num_preemptions: 0,
-        }
+        SeqView::waiting(0, at, 100, 200)
     }
 
     /// A full window of arrivals at `rate` a second, each of 100 tokens passing on `delay`.

@@ -96,27 +96,9 @@ impl WaitCalibration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slo::SloClass;
 
     fn queued(ids: &[u64]) -> Vec<SeqView> {
-        ids.iter()
-            .map(|&id| SeqView {
-                id,
-                arrival: 0.0,
-                class: SloClass::default(),
-                prompt_len: 8,
-                cached_prompt: 0,
-                num_tokens: 8,
-                num_computed: 0,
-                num_output: 0,
-                max_output: 64,
-                blocks_held: 0,
-                first_token_time: None,
-                last_token_time: None,
-                max_lateness: 0.0,
-                num_preemptions: 0,
-            })
-            .collect()
+        ids.iter().map(|&id| SeqView::waiting(id, 0.0, 8, 64)).collect()
     }
 
     /// A door that predicts waits half as long as they turn out learns to double them, and only
