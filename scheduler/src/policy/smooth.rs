@@ -136,13 +136,14 @@ pub struct SmoothConfig {
     /// only behind requests as heavy, so the optimism cannot build a queue of light ones. The
     /// key `race` (0 or 1) turns it off for the ablation (docs/sim).
     pub race: bool,
-    /// Experimental (key `race_all`, off): every newcomer predicts its start by the race, not
-    /// only a heavy one. In the simulator it builds the queue the sorted estimate's margin
-    /// avoids (docs/sim/cpu-smollm2/sustained), unless `door_patience` prices that queue.
+    /// Every newcomer predicts its start by the race, not only a heavy one (key `race_all`, on;
+    /// 0 for the ablation). Alone it builds the queue the sorted estimate's margin avoids
+    /// (docs/sim/cpu-smollm2/sustained); `door_patience` prices that queue and `calibrate`
+    /// corrects the race's optimism by the starts that followed.
     pub race_all: bool,
-    /// Experimental (key `door_patience`, off): the door counts the newcomer's own risk of
-    /// leaving before its first token (learned patience): its benefit at a wait is the
-    /// probability that its client is still there then times `n - alpha * f(l)`.
+    /// The door counts the newcomer's own risk of leaving before its first token (learned
+    /// patience; key `door_patience`, on): its benefit at a wait is the probability that its
+    /// client is still there then times `n - alpha * f(l)`.
     pub door_patience: bool,
     /// Under a capped penalty, how far the running streams may fall behind their readers: the
     /// feed limit's share of the machine is multiplied by this (infinite: no step-time limit,
@@ -189,11 +190,11 @@ pub struct SmoothConfig {
     /// much later (an M/G/1-style externality that grows without bound as the load nears 1,
     /// [`Offered::added_wait`]).
     pub externality: bool,
-    /// Experimental (key `calibrate`, off): the door scales its predicted wait for the feed
-    /// limit by how long the latest admitted requests really waited against what it predicted
-    /// for them ([`WaitCalibration`]), so that neither the sorted expected ends (pessimistic with
-    /// a full batch) nor the race (optimistic when answers are less spread than exponential)
-    /// decides refusals by its bias.
+    /// The door scales its predicted wait for the feed limit (key `calibrate`, on) by how long
+    /// the latest admitted requests really waited against what it predicted for them
+    /// ([`WaitCalibration`]), so that neither the sorted expected ends (pessimistic with a full
+    /// batch) nor the race (optimistic when answers are less spread than exponential) decides
+    /// refusals by its bias.
     pub calibrate: bool,
 }
 
@@ -208,15 +209,15 @@ impl Default for SmoothConfig {
             feed_limit: true,
             feed_quantile: 0.9,
             race: true,
-            race_all: false,
-            door_patience: false,
+            race_all: true,
+            door_patience: true,
             capped_slack: f64::INFINITY,
             end_by_benefit: false,
             displace: true,
             feed_target: 0.0,
             sustained: false,
             externality: false,
-            calibrate: false,
+            calibrate: true,
         }
     }
 }

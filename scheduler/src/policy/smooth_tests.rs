@@ -360,7 +360,9 @@ fn the_door_can_price_the_lateness_a_newcomer_adds_to_later_arrivals() {
     let running: Vec<SeqView> = (0..80).map(|i| SeqView { max_output: 20 + i as usize * 3, ..seq(i, 0.0, 40, 5, 1.0) }).collect();
     let (_, waiting) = full_batch();
     let ctx = context(&running, &waiting, 10.0, (&cost, &lengths, &patience, &slo));
-    let after = |rate: f64| door_after(SmoothConfig { externality: true, ..SmoothConfig::default() }, rate, &ctx);
+    // On the sorted-ends door it was built on (the race's optimism alone admits here).
+    let door = SmoothConfig { race_all: false, ..SmoothConfig::default() };
+    let after = |rate: f64| door_after(SmoothConfig { externality: true, ..door }, rate, &ctx);
     // Arrivals a second that offer the machine's whole time in decode slots alone (their KV
     // reads and prefill come on top: about 1.6 times that).
     let full = 1.0 / (cost.coeffs().per_decode_seq_s * lengths.expected_total(1000));
@@ -368,7 +370,7 @@ fn the_door_can_price_the_lateness_a_newcomer_adds_to_later_arrivals() {
     let Err((_, retry)) = after(full) else { panic!("1.6 times the machine's work offered") };
     assert!(retry > 0.0 && retry < 60.0, "{retry}");
     // The plain door refuses here either way: it prices the newcomer's own wait, not the load.
-    assert!(Smooth::new(SmoothConfig::default()).admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_err());
+    assert!(Smooth::new(door).admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_err());
 }
 
 /// While the feed limit holds the queue back, the place a finishing stream frees goes to the
