@@ -191,6 +191,10 @@ pub struct SchedulerStats {
     /// policy without one; [`crate::policy::SmoothConfig::feed_target`]).
     #[serde(default)]
     pub feed_limit_scale: Option<f64>,
+    /// What smooth's door multiplies its predicted waits by, learned from the starts that
+    /// followed (`None` for a policy without one; [`crate::policy::SmoothConfig::calibrate`]).
+    #[serde(default)]
+    pub queue_wait_scale: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,6 +404,13 @@ impl Scheduler {
     /// call (expected: the length model's prediction when it was admitted).
     pub fn drain_length_errors(&mut self) -> std::vec::Drain<'_, f64> {
         self.length_errors.drain(..)
+    }
+
+    /// Moves into `out` the policy's door's `predicted / actual` wait of every request it
+    /// predicted to wait for a place and that started (or left the queue) since the last call
+    /// (smooth's `calibrate`; none for other policies).
+    pub fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
+        self.policy.drain_wait_errors(out);
     }
 
     /// Use `model`, for example one seeded by a start-up profile.
@@ -916,6 +927,7 @@ impl Scheduler {
             prefix_cache_queries: self.prefix_queries,
             prefix_cache_hits: self.prefix_hits,
             feed_limit_scale: self.policy.feed_scale(),
+            queue_wait_scale: self.policy.wait_scale(),
         }
     }
 }

@@ -32,7 +32,17 @@ impl Policy for FcfsAdmission {
         self.door.admit(req, ctx)
     }
 
+    fn wait_scale(&self) -> Option<f64> {
+        self.door.wait_scale()
+    }
+
+    fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
+        self.door.drain_wait_errors(out);
+    }
+
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
+        // The door learns from the starts that follow its predictions, as in smooth.
+        self.door.observe_starts(ctx);
         fcfs_plan(ctx, out, |_| true);
     }
 }

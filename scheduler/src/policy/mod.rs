@@ -202,6 +202,17 @@ pub trait Policy: Send {
     fn feed_scale(&self) -> Option<f64> {
         None
     }
+
+    /// What its door multiplies its predicted waits by, learned from the starts that followed
+    /// (smooth's [`SmoothConfig::calibrate`]); `None` for a policy without one.
+    fn wait_scale(&self) -> Option<f64> {
+        None
+    }
+
+    /// Moves into `out` the door's predicted over actual waits of the requests that started
+    /// since the last call (smooth's [`SmoothConfig::calibrate`]; the raw prediction, before the
+    /// scale).
+    fn drain_wait_errors(&mut self, _out: &mut Vec<f64>) {}
 }
 
 /// Every name [`by_name`] accepts, the one list of them: the policies (`smooth`, `fcfs`, the

@@ -67,12 +67,15 @@
 //!
 //! At the door the policy predicts the new request's first-token time: the prefill tokens ahead
 //! of it at full steps, and the time until the feed limit lets it start (running streams free
-//! their share when they are predicted to finish, at their readers' pace, for their expected
-//! remaining output; the requests queued ahead start first, each counted with the probability
-//! that its client is still there when its turn comes, from the patience the server has seen
-//! clients show, [`crate::patience`]). That gives its predicted idle
-//! latency `l` and its predicted benefit `n - alpha * f(l)`, with `n` its *expected* output
-//! (learned, not `max_tokens`). A request whose predicted benefit is negative is rejected. When
+//! their share as they finish, at their readers' pace, for their expected remaining output, in
+//! an exponential race: the first of forty streams ends well before the one expected first; the
+//! requests queued ahead start first, each counted with the probability that its client is
+//! still there when its turn comes, from the patience the server has seen clients show,
+//! [`crate::patience`]). That wait is scaled by how long the latest admitted requests really
+//! waited against their predictions ([`WaitCalibration`]). It gives the predicted idle latency
+//! `l` and predicted benefit `n - alpha * f(l)`, with `n` its *expected* output (learned, not
+//! `max_tokens`), times the chance that its own client is still there at its first token. A
+//! request whose predicted benefit is negative is rejected. When
 //! the feed limit binds (it cannot start before running streams finish), so is one whose loss
 //! *caused by queueing* (its loss at the predicted wait minus its loss if it were served alone,
 //! which no policy could avoid) exceeds `admit_max_loss * n` (default 2%): under sustained
@@ -252,6 +255,15 @@ impl Smooth {
     /// The policy with `cfg`.
     pub fn new(cfg: SmoothConfig) -> Self {
         Self { cfg, ..Default::default() }
+    }
+
+    /// Follows the requests the door admitted into the queue until they start
+    /// ([`SmoothConfig::calibrate`]); every plan calls it, smooth's own and that of a policy
+    /// using smooth's door.
+    pub(super) fn observe_starts(&mut self, ctx: &PolicyContext<'_>) {
+        if self.cfg.calibrate {
+            self.calibration.observe(ctx.now, ctx.waiting);
+        }
     }
 }
 
@@ -588,6 +600,14 @@ impl Policy for Smooth {
         (self.cfg.feed_limit && self.cfg.feed_target > 0.0).then(|| self.control.scale())
     }
 
+    fn wait_scale(&self) -> Option<f64> {
+        (self.cfg.admission && self.cfg.calibrate).then(|| self.calibration.scale())
+    }
+
+    fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
+        self.calibration.drain_errors(out);
+    }
+
     fn admit(&mut self, req: &SeqView, ctx: &PolicyContext<'_>) -> Result<(), (RejectReason, f64)> {
         if !self.cfg.admission {
             return Ok(());
@@ -691,9 +711,7 @@ impl Policy for Smooth {
         if self.cfg.feed_limit {
             self.control.observe(ctx, self.cfg.feed_target);
         }
-        if self.cfg.calibrate {
-            self.calibration.observe(now, ctx.waiting);
-        }
+        self.observe_starts(ctx);
         if self.cfg.end_by_benefit {
             Self::end_by_benefit(ctx, &c, out);
         }

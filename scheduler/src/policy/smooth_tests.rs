@@ -446,3 +446,35 @@ fn the_door_can_learn_how_far_its_start_predictions_run_short() {
     }
     assert!(stricter > 0, "starts that came late make the door stricter somewhere");
 }
+
+/// fcfs-admission's door is smooth's, learning from the starts that follow its predictions as
+/// smooth's does: fed the same arrivals and queues, both end with the same wait scale and the
+/// same errors, and the door predicted waits and learned they run long (the test can fail).
+#[test]
+fn fcfs_admission_calibrates_its_door_as_smooth_does() {
+    const STREAMS: u64 = 104;
+    let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+    // Streams a second or two from their ends, more than the feed limit keeps: a newcomer waits.
+    let running: Vec<SeqView> = (0..STREAMS).map(|i| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) }).collect();
+    let train = |p: &mut dyn Policy| {
+        let mut t = 10.0;
+        let mut errors = vec![];
+        for id in 5000..5040 {
+            // Once it has learned, the door refuses some: those are never queued nor followed.
+            let _ = p.admit(&seq(id, t, 40, 0, 1.0), &context(&running, &[], t, (&cost, &lengths, &patience, &slo)));
+            // Queued until the plan 30 s later starts it.
+            let queued = [seq(id, t, 40, 0, 1.0)];
+            for (at, waiting) in [(t, &queued[..]), (t + 30.0, &queued[..]), (t + 30.01, &[][..])] {
+                p.plan(&context(&running, waiting, at, (&cost, &lengths, &patience, &slo)), &mut Decisions::default());
+            }
+            t += 31.0;
+        }
+        p.drain_wait_errors(&mut errors);
+        (p.wait_scale(), errors)
+    };
+    let (scale, errors) = train(&mut Smooth::new(SmoothConfig::default()));
+    assert!(scale.is_some_and(|s| s > 1.0) && errors.len() >= 20 && errors.iter().all(|&e| e < 1.0), "{scale:?} {errors:?}");
+    assert_eq!(train(&mut crate::policy::FcfsAdmission::new()), (scale, errors));
+    let (off, none) = train(&mut Smooth::new(SmoothConfig { calibrate: false, ..SmoothConfig::default() }));
+    assert!(off.is_none() && none.is_empty());
+}

@@ -1,5 +1,5 @@
 //! How long admitted requests really waited for the feed limit against what smooth's door
-//! predicted (`smooth:calibrate=1`, experimental; [`super::smooth::SmoothConfig::calibrate`]).
+//! predicted (on by default, `smooth:calibrate=0` turns it off; [`super::smooth::SmoothConfig::calibrate`]).
 //! Its one user is [`super::smooth`].
 //!
 //! The door's start prediction is a model of the future (the running streams finish at their
@@ -35,6 +35,9 @@ pub(super) struct WaitCalibration {
     last_plan: Option<f64>,
     /// Scratch: the queue's ids.
     queued: HashSet<RequestId>,
+    /// Predicted over actual waits of the starts since [`Self::drain_errors`] (at most
+    /// [`Self::MAX_ERRORS`]; a start with no wait at all has no ratio and is left out).
+    errors: Vec<f64>,
 }
 
 impl WaitCalibration {
@@ -44,6 +47,8 @@ impl WaitCalibration {
     pub(super) const MIN_SAMPLES: usize = 20;
     /// The most the scale corrects a prediction by, either way.
     const MAX_SCALE: f64 = 8.0;
+    /// The most errors kept between two drains.
+    const MAX_ERRORS: usize = 4096;
 
     /// `id` was admitted at `now`, predicted to start `wait` seconds later.
     pub(super) fn admitted(&mut self, id: RequestId, now: f64, wait: f64) {
@@ -71,6 +76,9 @@ impl WaitCalibration {
             !gone
         });
         for (predicted, actual) in done {
+            if actual > 0.0 && self.errors.len() < Self::MAX_ERRORS {
+                self.errors.push(predicted / actual);
+            }
             if self.recent.len() >= Self::SAMPLES {
                 if let Some((p, a)) = self.recent.pop_front() {
                     self.predicted -= p;
@@ -81,6 +89,11 @@ impl WaitCalibration {
             self.predicted += predicted;
             self.actual += actual;
         }
+    }
+
+    /// Moves the errors gathered since the last call into `out`.
+    pub(super) fn drain_errors(&mut self, out: &mut Vec<f64>) {
+        out.append(&mut self.errors);
     }
 
     /// What the door's predicted waits are multiplied by: the latest starts' actual over
