@@ -120,20 +120,26 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
 }
 
 /// smooth's experimental feed-limit feedback (`smooth:feed_target=T`) exports the scale it
-/// learned, within its bounds; plain smooth has no such series.
+/// learned, within its bounds; plain smooth has no such series. smooth's door exports the scale
+/// of its predicted waits (1 before it has seen enough starts) unless its calibration is off,
+/// and fcfs has neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_feed_limit_scale_is_exported_when_the_feedback_is_on() {
-    for (scheduler, on) in [("smooth:feed_target=1.05", true), ("smooth", false)] {
+async fn the_learned_scales_are_exported_where_they_are_learned() {
+    let cases = [("smooth:feed_target=1.05", true, true), ("smooth", false, true), ("smooth:calibrate=0", false, false), ("fcfs", false, false)];
+    for (scheduler, feed, wait) in cases {
         let s = Server::start(&["--scheduler", scheduler]);
         let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Count:", "max_tokens": 4, "ignore_eos": true})).await;
         assert_eq!(st, 200, "{scheduler}: {v}");
         let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
-        let scale = text.lines().find(|l| l.starts_with("pace_feed_limit_scale{")).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if on {
+        let gauge = |name: &str| text.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        let scale = gauge("pace_feed_limit_scale");
+        if feed {
             assert!(scale.is_some_and(|x| (0.5..=2.0).contains(&x)), "{scheduler}: pace_feed_limit_scale {scale:?}");
         } else {
             assert_eq!(scale, None, "{scheduler}: no feedback, no scale");
         }
+        // One request that did not wait: nothing learned yet.
+        assert_eq!(gauge("pace_queue_wait_scale"), wait.then_some(1.0), "{scheduler}");
     }
 }
 
