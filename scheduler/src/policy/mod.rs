@@ -229,7 +229,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 15] = [
+pub const SMOOTH_KEYS: [&str; 16] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -245,6 +245,7 @@ pub const SMOOTH_KEYS: [&str; 15] = [
     "door_patience",
     "externality",
     "calibrate",
+    "queue_places",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -271,6 +272,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "door_patience" => c.door_patience = v > 0.0,
             "externality" => c.externality = v > 0.0,
             "calibrate" => c.calibrate = v > 0.0,
+            "queue_places" => c.queue_places = v,
             _ => return None,
         }
     }

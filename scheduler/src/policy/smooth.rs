@@ -199,6 +199,13 @@ pub struct SmoothConfig {
     /// batch) nor the race (optimistic when answers are less spread than exponential) decides
     /// refusals by its bias.
     pub calibrate: bool,
+    /// Experimental (key `queue_places`, off: 0): under sustained overload a queue only needs
+    /// to hold what fills the places the running streams free while a newcomer's prompt is
+    /// prefilled, so the door's queueing margin is also capped at the loss of waiting for this
+    /// many places to free (the running streams finish at about `sum q / E[remaining]` a
+    /// second). Where streams finish fast (a big batch of short answers) that is far below
+    /// `admit_max_loss`; where they finish slowly the 2% binds first.
+    pub queue_places: f64,
 }
 
 impl Default for SmoothConfig {
@@ -221,6 +228,7 @@ impl Default for SmoothConfig {
             sustained: false,
             externality: false,
             calibrate: true,
+            queue_places: 0.0,
         }
     }
 }
@@ -672,7 +680,14 @@ impl Policy for Smooth {
                 b
             }
         };
-        let max_loss = self.cfg.admit_max_loss * n;
+        let mut max_loss = self.cfg.admit_max_loss * n;
+        if self.cfg.queue_places > 0.0 {
+            // Places freed a second: every running stream ends after its expected remaining
+            // output at its reader's pace.
+            let freed: f64 = ctx.running.iter().map(|v| v.class.reading_rate / ctx.expected_remaining(v).max(1.0)).sum();
+            let w = self.cfg.queue_places / freed.max(1e-9);
+            max_loss = max_loss.min(slo.alpha * (slo.penalty.apply(idle_alone + w) - slo.penalty.apply(idle_alone)));
+        }
         let queue_loss = benefit(idle_alone) - benefit(idle);
         // A refusal is for the loss that waiting causes: a request that would lose as much
         // alone on an idle machine (nothing ahead of it) is served, as no policy can do better

@@ -478,3 +478,28 @@ fn fcfs_admission_calibrates_its_door_as_smooth_does() {
     let (off, none) = train(&mut Smooth::new(SmoothConfig { calibrate: false, ..SmoothConfig::default() }));
     assert!(off.is_none() && none.is_empty());
 }
+
+/// The experimental `queue_places` ([`SmoothConfig::queue_places`]) caps the door's queueing
+/// margin at the wait for that many places to free: with a batch of streams that finish within
+/// a second or two (places free fast), a newcomer the plain door admits into a short wait is
+/// refused somewhere, and nothing the plain door refuses is admitted.
+#[test]
+fn the_door_can_hold_the_queue_to_the_places_that_free() {
+    let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
+    let decide = |cfg: SmoothConfig, streams: u64| {
+        let near_end = |i: u64| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) };
+        let running: Vec<SeqView> = (0..streams).map(near_end).collect();
+        let ctx = context(&running, &[], 10.0, (&cost, &lengths, &patience, &slo));
+        Smooth::new(cfg).admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_ok()
+    };
+    let mut stricter = 0;
+    for streams in (0..400).step_by(8) {
+        let plain = decide(SmoothConfig::default(), streams);
+        let capped = decide(SmoothConfig { queue_places: 1.0, ..SmoothConfig::default() }, streams);
+        assert!(plain || !capped, "{streams} streams: admitted only with the cap");
+        stricter += usize::from(plain && !capped);
+        // A cap far above what the margin allows changes nothing.
+        assert_eq!(decide(SmoothConfig { queue_places: 1e6, ..SmoothConfig::default() }, streams), plain, "{streams}");
+    }
+    assert!(stricter > 0, "places that free fast make the door stricter somewhere");
+}
