@@ -170,3 +170,25 @@ fn outputs_end_at_their_true_length_under_every_max_tokens_rule() {
     }
     assert!(lens.windows(2).all(|w| w[0] == w[1]));
 }
+
+/// A run is a function of its seeds: smooth on the H200 preset at twice saturation, without
+/// patience (its door's wait calibration at work: many requests wait, and many start in the
+/// same step), gives the same record for every request twice over in one process, where each
+/// run's hash maps are seeded differently.
+#[test]
+fn the_same_seeds_give_the_same_run() {
+    let p = preset("h200-llama3-8b").unwrap();
+    let cfg = SimConfig::published(&p);
+    let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::None, ..ClientModel::default() };
+    let rate = 2.0 * saturation(&cfg, &p.workload, &client, 0, 1).rate;
+    let run = || {
+        let mut reqs = p.workload.generate(rate, 3000, 11);
+        client.apply(&mut reqs, 11, cfg.sched.max_model_len);
+        simulate(&SimConfig { seed: 11, ..cfg.clone() }, by_name("smooth").unwrap(), &reqs).unwrap()
+    };
+    let (a, b) = (run(), run());
+    assert!(a.stats.rejected.predicted_late > 100, "the door is at work: {:?}", a.stats.rejected);
+    assert_eq!(a.records.len(), b.records.len());
+    let differ = a.records.iter().zip(&b.records).filter(|(x, y)| x != y).count();
+    assert_eq!(differ, 0, "{differ} of {} requests differ between two runs of the same seeds", a.records.len());
+}

@@ -68,14 +68,17 @@ impl WaitCalibration {
         self.queued.extend(waiting.iter().map(|v| v.id));
         let queued = &self.queued;
         let mut done = Vec::new();
-        self.pending.retain(|id, &mut (since, wait)| {
-            let gone = !queued.contains(id);
+        self.pending.retain(|&id, &mut (since, wait)| {
+            let gone = !queued.contains(&id);
             if gone {
-                done.push((wait, (at - since).max(0.0)));
+                done.push((since, id, wait, (at - since).max(0.0)));
             }
             !gone
         });
-        for (predicted, actual) in done {
+        // In admission order, not the map's (which differs from one process to the next): the
+        // window keeps the latest starts, and a run must be the same every time.
+        done.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (_, _, predicted, actual) in done {
             if actual > 0.0 && self.errors.len() < Self::MAX_ERRORS {
                 self.errors.push(predicted / actual);
             }
@@ -143,5 +146,29 @@ mod tests {
         }
         assert!((cal.scale() - 1.0).abs() < 1e-9, "{}", cal.scale());
         assert!(cal.pending.is_empty());
+    }
+
+    /// Starts seen in one plan enter the window in admission order, not the map's (which
+    /// differs from one map to the next), so the same run gives the same scale in every process:
+    /// 300 requests that start together leave the same latest 200 behind however they were
+    /// inserted.
+    #[test]
+    fn the_window_keeps_the_latest_admitted_whatever_the_map_order() {
+        let scale = |ids: &mut dyn Iterator<Item = u64>| {
+            let mut cal = WaitCalibration::default();
+            for id in ids {
+                // Admitted at 10 s + `id` ms, predicted to wait 1 + id % 7 s; all start at 12 s.
+                cal.admitted(id, 10.0 + id as f64 * 1e-3, 1.0 + (id % 7) as f64);
+            }
+            let all: Vec<u64> = (0..300).collect();
+            cal.observe(12.0, &queued(&all));
+            cal.observe(12.5, &queued(&[]));
+            let scale = cal.scale();
+            assert!(scale > 1.0 / 8.0 && scale < 1.0, "{scale}");
+            scale
+        };
+        let forward = scale(&mut (0..300));
+        assert_eq!(scale(&mut (0..300).rev()), forward);
+        assert_eq!(scale(&mut (0..300).map(|i| (i * 7) % 300)), forward);
     }
 }
