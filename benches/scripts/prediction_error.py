@@ -4,7 +4,9 @@
 usage: prediction_error.py BEFORE.prom AFTER.prom
 
 Prints one JSON object: for `pace_step_time_prediction_error_ratio` (predicted over measured step
-time) and `pace_output_length_prediction_error_ratio` (expected over actual output length), the
+time), `pace_output_length_prediction_error_ratio` (expected over actual output length) and
+`pace_queue_wait_prediction_error_ratio` (smooth's door: predicted over actual wait for a place,
+present only where requests waited for one), the
 observations between the scrapes, the share within 10% (ratio in [0.9, 1.1], both bucket bounds),
 the 5th, 50th and 95th percentiles of the ratio (linear inside a bucket, as Prometheus'
 histogram_quantile does), and the bucket counts themselves.
@@ -13,7 +15,8 @@ import json
 import re
 import sys
 
-METRICS = ["pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio"]
+METRICS = ["pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio",
+           "pace_queue_wait_prediction_error_ratio"]
 LINE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
 
 
