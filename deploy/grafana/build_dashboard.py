@@ -372,23 +372,17 @@ def build():
              "The cost model's predicted step time over the measured one (1 is exact; above 1 it expected "
              "slower steps). The smooth scheduler sizes chunks, the feed limit and the door's waits by it. "
              "Buckets 0.9 and 1.1 bound the 10% band.", band("pace_step_time_prediction_error_ratio"), "short",
-             w=6, minv=0),
+             w=8, minv=0),
         b.ts("Steps predicted within 10%",
              "Share of steps whose predicted time was within 10% of the measured one (ratio in (0.9, 1.1]). "
              "Target: 95% at steady load.", [(within("pace_step_time_prediction_error_ratio"), "{{scheduler}}")],
-             "percentunit", w=6, minv=0, maxv=1,
+             "percentunit", w=8, minv=0, maxv=1,
              thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 0.95}]),
         b.ts("Output-length prediction: expected / actual, p05 / p50 / p95",
              "The learned length model's expected output over the actual one, for requests that stopped by "
              "themselves (a request cut by max_tokens, a client or a drop is censored, not scored). Wide "
              "by nature: it is one distribution's mean against each request's draw.",
-             band("pace_output_length_prediction_error_ratio"), "short", w=6, minv=0),
-        b.ts("Queue-wait prediction: predicted / actual, p05 / p50 / p95",
-             "smooth's door: its predicted wait for a place in the batch over the wait that followed, for the "
-             "admitted requests it predicted would wait (the raw prediction; the door multiplies it by the "
-             "latest starts' actual over predicted waits, gauge pace_queue_wait_scale). Empty below "
-             "saturation, where nobody waits, and under other schedulers.",
-             band("pace_queue_wait_prediction_error_ratio"), "short", w=6, minv=0),
+             band("pace_output_length_prediction_error_ratio"), "short", w=8, minv=0),
     ], 8)
 
     def query_var(name, label, query, multi=True):

@@ -50,7 +50,6 @@ HISTOGRAMS = {
     "pace_iteration_tokens_total": TOKEN_BUCKETS,
     "pace_step_time_prediction_error_ratio": RATIO_BUCKETS,
     "pace_output_length_prediction_error_ratio": RATIO_BUCKETS,
-    "pace_queue_wait_prediction_error_ratio": [0.125, 0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 4, 8],
     "pace_request_prefill_time_seconds": LAT_BUCKETS,
     "pace_request_decode_time_seconds": LAT_BUCKETS,
     "pace_request_inference_time_seconds": LAT_BUCKETS,
@@ -223,9 +222,6 @@ def make_handler(args, reg, sim):
             with reg.lock:
                 reg.inflight[rid] = (arrival, 0, True)
             reg.observe("pace_request_queue_time_seconds", queue)
-            if sim.s == "smooth" and load > 4:
-                # smooth's door on a request it predicted to wait for a place.
-                reg.observe("pace_queue_wait_prediction_error_ratio", sim.rng.lognormvariate(-0.1, 0.4))
             scheduled = time.time()
             time.sleep(ttft_base * 0.4)
             if sim.rng.random() < (0.15 if sim.s == "fcfs" else 0.03):

@@ -19,7 +19,7 @@ HISTOGRAMS = [
     "pace_e2e_request_latency_seconds", "pace_user_idle_latency_seconds", "pace_request_queue_time_seconds",
     "pace_request_prompt_tokens", "pace_request_generation_tokens", "pace_step_duration_seconds",
     "pace_iteration_tokens_total", "pace_step_time_prediction_error_ratio", "pace_output_length_prediction_error_ratio",
-    "pace_queue_wait_prediction_error_ratio", "pace_request_prefill_time_seconds", "pace_request_decode_time_seconds", "pace_request_inference_time_seconds",
+    "pace_request_prefill_time_seconds", "pace_request_decode_time_seconds", "pace_request_inference_time_seconds",
     "pace_token_lateness_seconds",
 ]
 GAUGES = [
@@ -37,11 +37,9 @@ COUNTERS = [
 # has no such series yet. The real-server e2e warns about these (fails with PACE_E2E_STRICT=1).
 EVENT_COUNTERS = ["pace_requests_rejected_total", "pace_num_preemptions_total"]
 # Histograms of events a short load may not cause either: the length prediction is scored only on
-# requests that stopped by themselves (a load of short max_tokens may have none), and smooth's
-# queue-wait prediction only on requests that waited for a place (none below saturation, none
-# under other schedulers). Their series,
+# requests that stopped by themselves (a load of short max_tokens may have none). Their series,
 # what the rules record from them, and panels that read only those, are warnings unless strict.
-EVENT_HISTOGRAMS = ["pace_output_length_prediction_error_ratio", "pace_queue_wait_prediction_error_ratio"]
+EVENT_HISTOGRAMS = ["pace_output_length_prediction_error_ratio"]
 # Structured outputs happen only when clients ask for them: a load without any leaves the
 # mask-time panel empty (its ratio is kept to where masks were computed).
 STRUCTURED_COUNTERS = ["pace_structured_output_masks_total", "pace_structured_output_mask_microseconds_total"]
