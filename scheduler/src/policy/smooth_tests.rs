@@ -273,6 +273,12 @@ fn full_batch() -> (Vec<SeqView>, Vec<SeqView>) {
     (running, waiting)
 }
 
+/// `streams` running streams a second or two from their ends (5 tokens out, 5 to 9 to go): a full
+/// batch of them frees a place within about a second.
+fn near_end_batch(streams: u64) -> Vec<SeqView> {
+    (0..streams).map(|i| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) }).collect()
+}
+
 /// The door's answer to a newcomer at `ctx`'s time after 400 arrivals at `rate` a second that
 /// it saw (and answered) in the same state.
 fn door_after(cfg: SmoothConfig, rate: f64, ctx: &PolicyContext<'_>) -> Result<(), (crate::request::RejectReason, f64)> {
@@ -316,9 +322,7 @@ fn the_door_can_price_the_newcomers_own_patience() {
     stay.refresh();
     leave.refresh();
     let decide = |patience: &PatienceModel, door_patience: bool, streams: u64| {
-        // Streams a second from their ends: a full batch frees a place within about a second.
-        let near_end = |i: u64| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) };
-        let running: Vec<SeqView> = (0..streams).map(near_end).collect();
+        let running = near_end_batch(streams);
         let ctx = context(&running, &[], 10.0, (&cost, &lengths, patience, &slo));
         Smooth::new(SmoothConfig { door_patience, ..SmoothConfig::default() }).admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_ok()
     };
@@ -429,9 +433,7 @@ fn the_door_can_learn_how_far_its_start_predictions_run_short() {
     };
     let (exact, slow) = (trained(1.0), trained(8.0));
     let decide = |s: &Smooth, streams: u64| {
-        // Streams a second from their ends: a full batch frees a place within about a second.
-        let near_end = |i: u64| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) };
-        let running: Vec<SeqView> = (0..streams).map(near_end).collect();
+        let running = near_end_batch(streams);
         let ctx = context(&running, &[], 10.0, (&cost, &lengths, &patience, &slo));
         s.clone().admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_ok()
     };
@@ -455,7 +457,7 @@ fn fcfs_admission_calibrates_its_door_as_smooth_does() {
     const STREAMS: u64 = 104;
     let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
     // Streams a second or two from their ends, more than the feed limit keeps: a newcomer waits.
-    let running: Vec<SeqView> = (0..STREAMS).map(|i| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) }).collect();
+    let running = near_end_batch(STREAMS);
     let train = |p: &mut dyn Policy| {
         let mut t = 10.0;
         let mut errors = vec![];
@@ -487,8 +489,7 @@ fn fcfs_admission_calibrates_its_door_as_smooth_does() {
 fn the_door_can_hold_the_queue_to_the_places_that_free() {
     let (cost, lengths, patience, slo) = (cost(), LengthModel::default(), PatienceModel::default(), SloParams::default());
     let decide = |cfg: SmoothConfig, streams: u64| {
-        let near_end = |i: u64| SeqView { max_output: 10 + i as usize % 5, ..seq(i, 0.0, 40, 5, 1.0) };
-        let running: Vec<SeqView> = (0..streams).map(near_end).collect();
+        let running = near_end_batch(streams);
         let ctx = context(&running, &[], 10.0, (&cost, &lengths, &patience, &slo));
         Smooth::new(cfg).admit(&seq(1000, 10.0, 40, 0, 1.0), &ctx).is_ok()
     };
