@@ -229,7 +229,7 @@ pub const ALL_POLICY_NAMES: [&str; 7] =
     ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
 
 /// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 16] = [
+pub const SMOOTH_KEYS: [&str; 17] = [
     "horizon_steps",
     "admit_max_loss",
     "starvation_s",
@@ -246,6 +246,7 @@ pub const SMOOTH_KEYS: [&str; 16] = [
     "externality",
     "calibrate",
     "queue_places",
+    "borrow",
 ];
 
 /// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
@@ -273,6 +274,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
             "externality" => c.externality = v > 0.0,
             "calibrate" => c.calibrate = v > 0.0,
             "queue_places" => c.queue_places = v,
+            "borrow" => c.borrow = v > 0.0,
             _ => return None,
         }
     }

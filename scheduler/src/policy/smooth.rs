@@ -206,6 +206,21 @@ pub struct SmoothConfig {
     /// second). Where streams finish fast (a big batch of short answers) that is far below
     /// `admit_max_loss`; where they finish slowly the 2% binds first.
     pub queue_places: f64,
+    /// Experimental (key `borrow`, off): a waiting request may start past the feed limit's
+    /// share of the machine (never past KV memory or `max_num_seqs`) while the running streams'
+    /// buffers cover the excess, unless the overload is sustained. The plan feeds the shallow
+    /// buffers first, so the excess is paid by streams that sit out steps: one whose reader is
+    /// `s` seconds behind it can skip for `s` less the plan's horizon, giving back its share of
+    /// the machine meanwhile. The overload lasts until enough running streams end to free the
+    /// excess (about one mean share each, one ending every `1 / sum q / E[remaining]` seconds).
+    /// The request starts when what the deep buffers can give back over that time covers it, and
+    /// the door predicts it so (no wait for it, nor for the queue ahead while each is covered).
+    /// A burst at saturation is then absorbed by buffers the readers built up, which would
+    /// otherwise end unused, instead of by a queue and refusals. Under sustained overload (the
+    /// work offered by the latest arrivals exceeds what the feed limit serves, [`Offered`]) the
+    /// buffers are what absorbs the steps' noise and there is no idle capacity to gain, so it
+    /// borrows nothing: without that guard it cost about a point at 2x (docs/sim).
+    pub borrow: bool,
 }
 
 impl Default for SmoothConfig {
@@ -229,6 +244,7 @@ impl Default for SmoothConfig {
             externality: false,
             calibrate: true,
             queue_places: 0.0,
+            borrow: false,
         }
     }
 }
@@ -245,6 +261,11 @@ pub struct Smooth {
     queued: Vec<(f64, bool, usize)>,
     /// Preemption order scratch: (loss per block freed, slack, id).
     victims: Vec<(f64, f64, u64)>,
+    /// Borrowing scratch: (seconds of buffer beyond the horizon, utilisation share) of each
+    /// decode-ready stream (see [`SmoothConfig::borrow`]).
+    buffers: Vec<(f64, f64)>,
+    /// Whether the door last saw a sustained overload (see [`SmoothConfig::borrow`]).
+    overloaded: bool,
     /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
     /// started streams.
     finishes: Vec<(f64, f64, f64, f64)>,
@@ -338,6 +359,37 @@ fn slack(v: &SeqView, now: f64, penalty: Penalty) -> f64 {
 /// need per output token ([`prefill_per_token`]).
 fn token_cost(c: &CostCoeffs, context: f64, kappa: f64) -> f64 {
     c.per_decode_seq_s + c.per_kv_token_s * context + kappa
+}
+
+/// For [`SmoothConfig::borrow`]: fills `out` with (seconds of buffer beyond `horizon`, share of
+/// the machine) of each decode-ready stream, and returns the expected seconds between two
+/// running streams' ends (each ends after its expected remaining output at its reader's pace).
+fn borrowable(ctx: &PolicyContext<'_>, c: &CostCoeffs, kappa: f64, horizon: f64, out: &mut Vec<(f64, f64)>) -> f64 {
+    out.clear();
+    let mut ends = 0.0;
+    for v in ctx.running {
+        ends += v.class.reading_rate / ctx.expected_remaining(v).max(1.0);
+        if v.uncomputed() == 1 {
+            out.push(((slack(v, ctx.now, ctx.slo.penalty) - horizon).max(0.0), Feed::running_share(c, v, kappa)));
+        }
+    }
+    1.0 / ends.max(1e-9)
+}
+
+/// Whether the streams' buffers (from [`borrowable`]) cover the feed `with` past the limit
+/// `cap`: it is over until enough streams end to free the excess (about one mean share each,
+/// one ending every `next_end` seconds), and meanwhile each stream with a buffer beyond the
+/// plan's horizon can sit out steps for up to that long, giving back its share. Never past KV
+/// memory.
+fn covers(buffers: &[(f64, f64)], next_end: f64, with: &Feed, base: f64, cap: f64, kv_cap: f64) -> bool {
+    let excess = with.utilisation(base) - cap;
+    if with.kv > kv_cap || excess <= 0.0 {
+        return with.kv <= kv_cap;
+    }
+    let ends = (excess / (with.load / with.count.max(1.0)).max(1e-12)).ceil().max(1.0);
+    let lasts = ends * next_end;
+    let given: f64 = buffers.iter().map(|&(room, share)| share * room.min(lasts)).sum();
+    given >= excess * lasts
 }
 
 /// Prefill seconds per expected output token over the requests in the system (and `extra`):
@@ -646,6 +698,33 @@ impl Policy for Smooth {
         // pace, for their expected remaining output) have freed enough of the machine, in queue
         // order, each started request then running for its own expected output.
         let (mut start, passed_on) = self.predicted_start(req, ctx, &c);
+        if self.cfg.borrow {
+            // (Recorded here, once, for `sustained` and `externality` too.)
+            let n = ctx.lengths.expected_total(req.max_output).max(1.0);
+            let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
+            self.offered.record(req, n, passed_on);
+            self.overloaded = self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
+        }
+        let door_borrows = self.cfg.borrow && !self.overloaded;
+        if door_borrows && start > ctx.now {
+            // The plan starts the queue ahead of it and then it, one by one, while the buffers
+            // cover each (see `SmoothConfig::borrow`): then it starts now.
+            let rem = ctx.lengths.expected_total(req.max_output);
+            let kappa = prefill_per_token(&c, ctx, Some((req, rem)));
+            let next_end = borrowable(ctx, &c, kappa, self.cfg.horizon_steps * t_full, &mut self.buffers);
+            let (cap, kv_cap) = (self.feed_cap(ctx), self.kv_cap(ctx));
+            let mut feed = Self::running_feed(ctx, kappa);
+            let mut seqs = ctx.running.len();
+            let ahead = ctx.waiting.iter().filter(|v| v.class.weight >= req.class.weight);
+            let all = ahead.map(|v| (v, ctx.expected_remaining(v))).chain([(req, rem)]).all(|(v, rem)| {
+                feed = feed.with(v.class.reading_rate, Feed::share(&c, v, rem, kappa), Feed::blocks(ctx, v, rem));
+                seqs += 1;
+                seqs <= ctx.max_num_seqs && covers(&self.buffers, next_end, &feed, c.base_s, cap, kv_cap)
+            });
+            if all {
+                start = ctx.now;
+            }
+        }
         let predicted_wait = start - ctx.now;
         if self.cfg.calibrate {
             start = ctx.now + predicted_wait * self.calibration.scale();
@@ -667,7 +746,7 @@ impl Policy for Smooth {
         // (Experimental: the margin only under sustained overload, or the lateness it adds to
         // later arrivals instead of the margin; with neither, the door keeps no history.)
         let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
-        if self.cfg.sustained || self.cfg.externality {
+        if (self.cfg.sustained || self.cfg.externality) && !self.cfg.borrow {
             self.offered.record(req, n, passed_on);
         }
         let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
@@ -801,6 +880,10 @@ impl Policy for Smooth {
             f64::INFINITY
         };
 
+        // Borrowing from the buffers (see `SmoothConfig::borrow`): how much each stream has,
+        // and how soon the next running stream is predicted to end.
+        let next_end = if self.cfg.borrow && !self.overloaded { borrowable(ctx, &c, kappa, horizon, &mut self.buffers) } else { f64::INFINITY };
+        let buffers = &self.buffers;
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
         let mut feed_full = false;
         // Whether the feed limit's share of the machine (not memory, not `max_num_seqs`) is
@@ -839,7 +922,9 @@ impl Policy for Smooth {
                     if !feed_full && slots > 0 && !feed.is_empty() && with.utilisation(c.base_s) > feed_cap {
                         time_held = true;
                     }
-                    if feed_full || slots == 0 || (!feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap)) {
+                    let over = with.over(c.base_s, feed_cap, kv_cap);
+                    let over = over && !(self.cfg.borrow && !self.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap));
+                    if feed_full || slots == 0 || (!feed.is_empty() && over) {
                         feed_full = true;
                         next_cand += 1;
                         continue;

@@ -504,3 +504,42 @@ fn the_door_can_hold_the_queue_to_the_places_that_free() {
     }
     assert!(stricter > 0, "places that free fast make the door stricter somewhere");
 }
+
+/// The experimental `borrow` ([`SmoothConfig::borrow`]): with the batch past the feed limit,
+/// the head of the queue starts while the running streams' buffers cover the overload until
+/// enough of them end, and waits when the buffers are shallow, or with the key off. The door
+/// predicts the same: a newcomer the plain door refuses for its predicted wait is admitted
+/// while the buffers cover it, and refused when they do not. Under sustained overload neither
+/// borrows.
+#[test]
+fn a_queued_request_can_borrow_from_deep_buffers() {
+    // 85 streams 30 to 59 tokens into answers of up to 2000 (just more than the feed limit
+    // keeps at 5 tok/s): at 2 s every reader is at least 4 s behind its stream; at 7 s most
+    // readers are within the plan's horizon (three full steps) of theirs.
+    let running: Vec<SeqView> = (0..85).map(|i| SeqView { max_output: 2000, ..seq(i, 0.0, 40, 30 + i as usize % 30, 1.0) }).collect();
+    let waiting = [seq(1000, 1.0, 40, 0, 1.0)];
+    let lengths = LengthModel::default();
+    let (cost, patience, slo) = (cost(), PatienceModel::default(), SloParams::default());
+    let ctx = |waiting, now| PolicyContext { total_blocks: 100_000, free_blocks: 100_000, ..context(&running, waiting, now, (&cost, &lengths, &patience, &slo)) };
+    let starts = |borrow: bool, now: f64| {
+        let mut d = Decisions::default();
+        Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() }).plan(&ctx(&waiting, now), &mut d);
+        d.grants.iter().any(|g| g.id == 1000)
+    };
+    let door = |borrow: bool, now: f64| Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() }).admit(&seq(2000, now, 40, 0, 1.0), &ctx(&[], now)).is_ok();
+    assert!(!starts(false, 2.0), "the feed limit holds it out");
+    assert!(starts(true, 2.0), "deep buffers cover it");
+    assert!(!starts(true, 7.0), "shallow buffers do not");
+    assert!(!door(false, 2.0), "the plain door refuses the predicted wait");
+    assert!(door(true, 2.0), "deep buffers: no wait");
+    assert!(!door(true, 7.0), "shallow buffers: the wait again");
+    // Under sustained overload (the door saw 400 arrivals at 50 a second) it borrows nothing.
+    let mut s = Smooth::new(SmoothConfig { borrow: true, ..SmoothConfig::default() });
+    for i in 0..400 {
+        let _ = s.admit(&seq(3000 + i, 2.0 - (400 - i) as f64 / 50.0, 40, 0, 1.0), &ctx(&[], 2.0));
+    }
+    assert!(s.admit(&seq(2000, 2.0, 40, 0, 1.0), &ctx(&[], 2.0)).is_err(), "sustained: the wait counts");
+    let mut d = Decisions::default();
+    s.plan(&ctx(&waiting, 2.0), &mut d);
+    assert!(!d.grants.iter().any(|g| g.id == 1000), "sustained: the feed limit holds");
+}
