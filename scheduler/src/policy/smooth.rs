@@ -698,11 +698,16 @@ impl Policy for Smooth {
         // pace, for their expected remaining output) have freed enough of the machine, in queue
         // order, each started request then running for its own expected output.
         let (mut start, passed_on) = self.predicted_start(req, ctx, &c);
-        if self.cfg.borrow {
-            // (Recorded here, once, for `sustained` and `externality` too.)
-            let n = ctx.lengths.expected_total(req.max_output).max(1.0);
-            let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
+        // Its expected output (learned lengths), not max_tokens.
+        let n = ctx.lengths.expected_total(req.max_output).max(1.0);
+        // (Experimental: the margin only under sustained overload, the lateness it adds to later
+        // arrivals instead of the margin, or borrowing outside sustained overload; with none of
+        // them, the door keeps no history.)
+        let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
+        if self.cfg.sustained || self.cfg.externality || self.cfg.borrow {
             self.offered.record(req, n, passed_on);
+        }
+        if self.cfg.borrow {
             self.overloaded = self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
         }
         let door_borrows = self.cfg.borrow && !self.overloaded;
@@ -741,14 +746,6 @@ impl Policy for Smooth {
         let alone = own_time(false);
         let idle_alone = (ctx.now + alone - deadline).max(0.0);
         let slo = ctx.slo;
-        // Its expected output (learned lengths), not max_tokens.
-        let n = ctx.lengths.expected_total(req.max_output).max(1.0);
-        // (Experimental: the margin only under sustained overload, or the lateness it adds to
-        // later arrivals instead of the margin; with neither, the door keeps no history.)
-        let q = ctx.running.iter().map(|v| v.class.reading_rate).fold(req.class.reading_rate, f64::max);
-        if (self.cfg.sustained || self.cfg.externality) && !self.cfg.borrow {
-            self.offered.record(req, n, passed_on);
-        }
         let sustained = !self.cfg.sustained || self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
         let own_risk = self.cfg.door_patience;
         let benefit = |idle: f64| {
@@ -882,7 +879,7 @@ impl Policy for Smooth {
 
         // Borrowing from the buffers (see `SmoothConfig::borrow`): how much each stream has,
         // and how soon the next running stream is predicted to end.
-        let next_end = if self.cfg.borrow && !self.overloaded { borrowable(ctx, &c, kappa, horizon, &mut self.buffers) } else { f64::INFINITY };
+        let next_end = if self.cfg.borrow && !self.overloaded && !ctx.waiting.is_empty() { borrowable(ctx, &c, kappa, horizon, &mut self.buffers) } else { f64::INFINITY };
         let buffers = &self.buffers;
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
         let mut feed_full = false;
@@ -922,8 +919,8 @@ impl Policy for Smooth {
                     if !feed_full && slots > 0 && !feed.is_empty() && with.utilisation(c.base_s) > feed_cap {
                         time_held = true;
                     }
-                    let over = with.over(c.base_s, feed_cap, kv_cap);
-                    let over = over && !(self.cfg.borrow && !self.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap));
+                    let borrows = || self.cfg.borrow && !self.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap);
+                    let over = with.over(c.base_s, feed_cap, kv_cap) && !borrows();
                     if feed_full || slots == 0 || (!feed.is_empty() && over) {
                         feed_full = true;
                         next_cand += 1;
