@@ -206,7 +206,8 @@ pub struct SmoothConfig {
     /// second). Where streams finish fast (a big batch of short answers) that is far below
     /// `admit_max_loss`; where they finish slowly the 2% binds first.
     pub queue_places: f64,
-    /// Experimental (key `borrow`, off): a waiting request may start past the feed limit's
+    /// On by default since the simulator's 1x gap (key `borrow=0` turns it off; docs/sim, "Borrowing
+    /// from the readers' buffers"): a waiting request may start past the feed limit's
     /// share of the machine (never past KV memory or `max_num_seqs`) while the running streams'
     /// buffers cover the excess, unless the overload is sustained. The plan feeds the shallow
     /// buffers first, so the excess is paid by streams that sit out steps: one whose reader is
@@ -244,7 +245,7 @@ impl Default for SmoothConfig {
             externality: false,
             calibrate: true,
             queue_places: 0.0,
-            borrow: false,
+            borrow: true,
         }
     }
 }

@@ -505,7 +505,7 @@ fn the_door_can_hold_the_queue_to_the_places_that_free() {
     assert!(stricter > 0, "places that free fast make the door stricter somewhere");
 }
 
-/// The experimental `borrow` ([`SmoothConfig::borrow`]): with the batch past the feed limit,
+/// `borrow` ([`SmoothConfig::borrow`], on by default): with the batch past the feed limit,
 /// the head of the queue starts while the running streams' buffers cover the overload until
 /// enough of them end, and waits when the buffers are shallow, or with the key off. The door
 /// predicts the same: a newcomer the plain door refuses for its predicted wait is admitted
@@ -534,7 +534,8 @@ fn a_queued_request_can_borrow_from_deep_buffers() {
     assert!(door(true, 2.0), "deep buffers: no wait");
     assert!(!door(true, 7.0), "shallow buffers: the wait again");
     // Under sustained overload (the door saw 400 arrivals at 50 a second) it borrows nothing.
-    let mut s = Smooth::new(SmoothConfig { borrow: true, ..SmoothConfig::default() });
+    assert!(SmoothConfig::default().borrow, "on by default");
+    let mut s = Smooth::new(SmoothConfig::default());
     for i in 0..400 {
         let _ = s.admit(&seq(3000 + i, 2.0 - (400 - i) as f64 / 50.0, 40, 0, 1.0), &ctx(&[], 2.0));
     }
