@@ -195,6 +195,14 @@ pub struct SchedulerStats {
     /// followed (`None` for a policy without one; [`crate::policy::SmoothConfig::calibrate`]).
     #[serde(default)]
     pub queue_wait_scale: Option<f64>,
+    /// Whether smooth's door last judged the offered load a sustained overload (`None` for a
+    /// policy that does not borrow; [`crate::policy::SmoothConfig::borrow`]).
+    #[serde(default)]
+    pub sustained_overload: Option<bool>,
+    /// Waiting requests smooth started past its feed limit on the running streams' buffers
+    /// (`None` for a policy that does not borrow).
+    #[serde(default)]
+    pub borrowed_starts: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -928,6 +936,8 @@ impl Scheduler {
             prefix_cache_hits: self.prefix_hits,
             feed_limit_scale: self.policy.feed_scale(),
             queue_wait_scale: self.policy.wait_scale(),
+            sustained_overload: self.policy.borrowing().map(|b| b.0),
+            borrowed_starts: self.policy.borrowing().map(|b| b.1),
         }
     }
 }

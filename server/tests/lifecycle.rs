@@ -122,11 +122,17 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
 /// smooth's experimental feed-limit feedback (`smooth:feed_target=T`) exports the scale it
 /// learned, within its bounds; plain smooth has no such series. smooth's door exports the scale
 /// of its predicted waits (1 before it has seen enough starts) unless its calibration is off,
-/// and fcfs has neither.
+/// and its borrowing (the door's verdict on sustained overload, starts on the readers' buffers:
+/// 0 and 0 after one request on an idle server) unless that is off; fcfs has none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_learned_scales_are_exported_where_they_are_learned() {
-    let cases = [("smooth:feed_target=1.05", true, true), ("smooth", false, true), ("smooth:calibrate=0", false, false), ("fcfs", false, false)];
-    for (scheduler, feed, wait) in cases {
+    let cases = [
+        ("smooth:feed_target=1.05", true, true, true),
+        ("smooth", false, true, true),
+        ("smooth:calibrate=0:borrow=0", false, false, false),
+        ("fcfs", false, false, false),
+    ];
+    for (scheduler, feed, wait, borrow) in cases {
         let s = Server::start(&["--scheduler", scheduler]);
         let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Count:", "max_tokens": 4, "ignore_eos": true})).await;
         assert_eq!(st, 200, "{scheduler}: {v}");
@@ -140,6 +146,8 @@ async fn the_learned_scales_are_exported_where_they_are_learned() {
         }
         // One request that did not wait: nothing learned yet.
         assert_eq!(gauge("pace_queue_wait_scale"), wait.then_some(1.0), "{scheduler}");
+        assert_eq!(gauge("pace_sustained_overload"), borrow.then_some(0.0), "{scheduler}");
+        assert_eq!(gauge("pace_borrowed_starts_total"), borrow.then_some(0.0), "{scheduler}");
     }
 }
 

@@ -209,6 +209,14 @@ pub trait Policy: Send {
         None
     }
 
+    /// Whether its door last judged the offered load a sustained overload, and how many
+    /// waiting requests it has started past the feed limit on the running streams' buffers
+    /// (smooth's [`SmoothConfig::borrow`]: it borrows only outside sustained overload); `None`
+    /// for a policy that does not borrow.
+    fn borrowing(&self) -> Option<(bool, u64)> {
+        None
+    }
+
     /// Moves into `out` the door's predicted over actual waits of the requests that started
     /// since the last call (smooth's [`SmoothConfig::calibrate`]; the raw prediction, before the
     /// scale).

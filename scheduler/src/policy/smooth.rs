@@ -267,6 +267,9 @@ pub struct Smooth {
     buffers: Vec<(f64, f64)>,
     /// Whether the door last saw a sustained overload (see [`SmoothConfig::borrow`]).
     overloaded: bool,
+    /// Waiting requests started past the feed limit on the buffers (see
+    /// [`SmoothConfig::borrow`]).
+    borrowed: u64,
     /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
     /// started streams.
     finishes: Vec<(f64, f64, f64, f64)>,
@@ -665,6 +668,10 @@ impl Policy for Smooth {
         (self.cfg.admission && self.cfg.calibrate).then(|| self.calibration.scale())
     }
 
+    fn borrowing(&self) -> Option<(bool, u64)> {
+        (self.cfg.admission && self.cfg.feed_limit && self.cfg.borrow).then_some((self.overloaded, self.borrowed))
+    }
+
     fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
         self.calibration.drain_errors(out);
     }
@@ -889,6 +896,7 @@ impl Policy for Smooth {
         let mut time_held = false;
         let mut next_cand = 0;
         let mut partial: Option<(usize, usize)> = None; // (grant index, tokens granted) of a cut chunk
+        let mut borrowed = 0;
         let mut prefill = |limit_tokens: usize, time: &mut f64, tokens_left: &mut usize, out: &mut Decisions| {
             let mut given = 0;
             if let Some((gi, granted)) = partial.take() {
@@ -921,13 +929,14 @@ impl Policy for Smooth {
                         time_held = true;
                     }
                     let borrows = || self.cfg.borrow && !self.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap);
-                    let over = with.over(c.base_s, feed_cap, kv_cap) && !borrows();
-                    if feed_full || slots == 0 || (!feed.is_empty() && over) {
+                    // Past the limit with streams running: it starts only on their buffers.
+                    let lent = !feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap);
+                    if feed_full || slots == 0 || (lent && !borrows()) {
                         feed_full = true;
                         next_cand += 1;
                         continue;
                     }
-                    started = Some(with);
+                    started = Some((with, lent));
                 }
                 let want = v.uncomputed().min(*tokens_left).min(limit_tokens - given);
                 let len = fit_len(&c, v.num_computed, want, cap - *time);
@@ -935,9 +944,10 @@ impl Policy for Smooth {
                     break;
                 }
                 next_cand += 1;
-                if let Some(with) = started {
+                if let Some((with, lent)) = started {
                     slots -= 1;
                     feed = with;
+                    borrowed += u64::from(lent);
                 }
                 *time += slice_cost(&c, v.num_computed, len);
                 *tokens_left -= len;
@@ -963,6 +973,7 @@ impl Policy for Smooth {
             tokens_left -= 1;
         }
         prefill(usize::MAX, &mut time, &mut tokens_left, out);
+        self.borrowed += borrowed;
         self.control.queued = !ctx.waiting.is_empty();
         self.control.held = time_held;
 

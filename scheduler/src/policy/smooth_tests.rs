@@ -521,11 +521,18 @@ fn a_queued_request_can_borrow_from_deep_buffers() {
     let lengths = LengthModel::default();
     let (cost, patience, slo) = (cost(), PatienceModel::default(), SloParams::default());
     let ctx = |waiting, now| PolicyContext { total_blocks: 100_000, free_blocks: 100_000, ..context(&running, waiting, now, (&cost, &lengths, &patience, &slo)) };
-    let starts = |borrow: bool, now: f64| {
+    // Whether the head of the queue starts, and what the policy then reports of its borrowing
+    // (the door's last verdict on overload, starts on the buffers so far).
+    let plan = |borrow: bool, now: f64| {
         let mut d = Decisions::default();
-        Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() }).plan(&ctx(&waiting, now), &mut d);
-        d.grants.iter().any(|g| g.id == 1000)
+        let mut s = Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() });
+        s.plan(&ctx(&waiting, now), &mut d);
+        (d.grants.iter().any(|g| g.id == 1000), s.borrowing())
     };
+    let starts = |borrow: bool, now: f64| plan(borrow, now).0;
+    assert_eq!(plan(true, 2.0).1, Some((false, 1)), "one start on the buffers, counted");
+    assert_eq!(plan(true, 7.0).1, Some((false, 0)), "none on shallow buffers");
+    assert_eq!(plan(false, 2.0).1, None, "the key off: nothing to report");
     let door = |borrow: bool, now: f64| Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() }).admit(&seq(2000, now, 40, 0, 1.0), &ctx(&[], now)).is_ok();
     assert!(!starts(false, 2.0), "the feed limit holds it out");
     assert!(starts(true, 2.0), "deep buffers cover it");
@@ -543,4 +550,5 @@ fn a_queued_request_can_borrow_from_deep_buffers() {
     let mut d = Decisions::default();
     s.plan(&ctx(&waiting, 2.0), &mut d);
     assert!(!d.grants.iter().any(|g| g.id == 1000), "sustained: the feed limit holds");
+    assert_eq!(s.borrowing(), Some((true, 0)), "sustained overload, reported; nothing borrowed");
 }

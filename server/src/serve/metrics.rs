@@ -254,6 +254,14 @@ fn describe() {
         "pace_queue_wait_scale",
         "smooth: what its door multiplies its predicted waits by, the latest admitted requests' actual over predicted waits (1: the prediction as it is)."
     );
+    describe_gauge!(
+        "pace_sustained_overload",
+        "smooth: 1 while its door judges the work offered by the latest 400 arrivals more than its feed limit serves (it then holds the queue short and starts nothing on the readers' buffers), else 0."
+    );
+    describe_counter!(
+        "pace_borrowed_starts_total",
+        "smooth: waiting requests started past its feed limit while the running streams' buffers, beyond the plan's horizon, covered the excess."
+    );
     describe_gauge!("pace_feed_limit_scale", "smooth: the scale its feed limit learned from the tokens its running streams got against what their readers read (1: the cost model's own limit).");
     describe_gauge!("pace_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1, as vLLM's kv_cache_usage_perc).");
     describe_gauge!("pace_cache_config_info", "The KV cache's configuration, as labels (value 1).");
@@ -356,6 +364,12 @@ pub fn publish_engine(s: &SchedulerStats) {
     }
     if let Some(scale) = s.queue_wait_scale {
         gauge!("pace_queue_wait_scale").set(scale);
+    }
+    if let Some(over) = s.sustained_overload {
+        gauge!("pace_sustained_overload").set(f64::from(u8::from(over)));
+    }
+    if let Some(n) = s.borrowed_starts {
+        counter!("pace_borrowed_starts_total").absolute(n);
     }
 }
 
