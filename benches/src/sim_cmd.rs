@@ -267,6 +267,10 @@ pub struct SummaryLine {
     pub wasted_tokens_frac: f64,
     /// Preemptions per run.
     pub preempted: f64,
+    /// Requests smooth started on the readers' buffers per run (0 for other policies).
+    pub borrowed_starts: f64,
+    /// Arrivals smooth's door judged under sustained overload, over those it judged.
+    pub overloaded_frac: f64,
     /// Requests per run.
     pub num_requests: usize,
     /// Patience of clients.
@@ -372,6 +376,8 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         abandoned_frac: m(&|r| r.eval.stats.abandoned_frac),
         wasted_tokens_frac: m(&|r| r.eval.wasted_tokens_frac),
         preempted: m(&|r| r.eval.preempted as f64),
+        borrowed_starts: m(&|r| r.eval.borrowed_starts as f64),
+        overloaded_frac: m(&|r| r.eval.overloaded_frac),
         num_requests: args.num_requests,
         patience: args.patience.clone(),
         max_tokens_rule: args.max_tokens_rule.clone(),
@@ -823,7 +829,8 @@ mod tests {
             "smooth_goodput", "attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "idle_p99", "rejected",
             "dropped", "preempted", "saturation_rate", "seeds", "window_s", "counted", "smooth_goodput_ci95",
             "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac", "dropped_frac", "abandoned_frac",
-            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served"] {
+            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served", "borrowed_starts",
+            "overloaded_frac"] {
             assert!(first.get(key).is_some(), "missing {key}");
         }
         assert_eq!(first["seeds"], serde_json::json!([1, 2]));

@@ -199,6 +199,10 @@ pub struct SchedulerStats {
     /// policy that does not borrow; [`crate::policy::SmoothConfig::borrow`]).
     #[serde(default)]
     pub sustained_overload: Option<bool>,
+    /// Arrivals smooth's door judged, and of those the ones under sustained overload (`None`
+    /// as above).
+    #[serde(default)]
+    pub door_arrivals: Option<(u64, u64)>,
     /// Waiting requests smooth started past its feed limit on the running streams' buffers
     /// (`None` for a policy that does not borrow).
     #[serde(default)]
@@ -936,8 +940,9 @@ impl Scheduler {
             prefix_cache_hits: self.prefix_hits,
             feed_limit_scale: self.policy.feed_scale(),
             queue_wait_scale: self.policy.wait_scale(),
-            sustained_overload: self.policy.borrowing().map(|b| b.0),
-            borrowed_starts: self.policy.borrowing().map(|b| b.1),
+            sustained_overload: self.policy.borrowing().map(|b| b.overloaded),
+            door_arrivals: self.policy.borrowing().map(|b| (b.arrivals, b.overloaded_arrivals)),
+            borrowed_starts: self.policy.borrowing().map(|b| b.starts),
         }
     }
 }

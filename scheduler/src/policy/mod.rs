@@ -209,11 +209,9 @@ pub trait Policy: Send {
         None
     }
 
-    /// Whether its door last judged the offered load a sustained overload, and how many
-    /// waiting requests it has started past the feed limit on the running streams' buffers
-    /// (smooth's [`SmoothConfig::borrow`]: it borrows only outside sustained overload); `None`
-    /// for a policy that does not borrow.
-    fn borrowing(&self) -> Option<(bool, u64)> {
+    /// What its borrowing from the readers' buffers did (smooth's [`SmoothConfig::borrow`]);
+    /// `None` for a policy that does not borrow.
+    fn borrowing(&self) -> Option<Borrowing> {
         None
     }
 
@@ -221,6 +219,21 @@ pub trait Policy: Send {
     /// since the last call (smooth's [`SmoothConfig::calibrate`]; the raw prediction, before the
     /// scale).
     fn drain_wait_errors(&mut self, _out: &mut Vec<f64>) {}
+}
+
+/// What smooth's borrowing from the readers' buffers did ([`SmoothConfig::borrow`]): it starts
+/// a waiting request past the feed limit on the running streams' buffers, only outside
+/// sustained overload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Borrowing {
+    /// Whether the door judged the latest arrival's offered load a sustained overload.
+    pub overloaded: bool,
+    /// Arrivals the door has judged, so far.
+    pub arrivals: u64,
+    /// Of those, the ones it judged under sustained overload.
+    pub overloaded_arrivals: u64,
+    /// Waiting requests started past the feed limit on the buffers, so far.
+    pub starts: u64,
 }
 
 /// Every name [`by_name`] accepts, the one list of them: the policies (`smooth`, `fcfs`, the

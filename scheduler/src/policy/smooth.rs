@@ -100,7 +100,7 @@ use super::feed_control::FeedControl;
 use super::offered::Offered;
 use super::population::Loop;
 use super::wait_calibration::WaitCalibration;
-use super::{Decisions, Grant, Policy, PolicyContext, SeqView};
+use super::{Borrowing, Decisions, Grant, Policy, PolicyContext, SeqView};
 use crate::cost::{pairs, CostCoeffs, StepShape};
 use crate::request::RejectReason;
 use crate::slo::Penalty;
@@ -267,9 +267,8 @@ pub struct Smooth {
     buffers: Vec<(f64, f64)>,
     /// Whether the door last saw a sustained overload (see [`SmoothConfig::borrow`]).
     overloaded: bool,
-    /// Waiting requests started past the feed limit on the buffers (see
-    /// [`SmoothConfig::borrow`]).
-    borrowed: u64,
+    /// What borrowing did so far (see [`SmoothConfig::borrow`]).
+    borrowed: Borrowing,
     /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
     /// started streams.
     finishes: Vec<(f64, f64, f64, f64)>,
@@ -668,8 +667,8 @@ impl Policy for Smooth {
         (self.cfg.admission && self.cfg.calibrate).then(|| self.calibration.scale())
     }
 
-    fn borrowing(&self) -> Option<(bool, u64)> {
-        (self.cfg.admission && self.cfg.feed_limit && self.cfg.borrow).then_some((self.overloaded, self.borrowed))
+    fn borrowing(&self) -> Option<Borrowing> {
+        (self.cfg.admission && self.cfg.feed_limit && self.cfg.borrow).then_some(Borrowing { overloaded: self.overloaded, ..self.borrowed })
     }
 
     fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
@@ -717,6 +716,8 @@ impl Policy for Smooth {
         }
         if self.cfg.borrow {
             self.overloaded = self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
+            self.borrowed.arrivals += 1;
+            self.borrowed.overloaded_arrivals += u64::from(self.overloaded);
         }
         let door_borrows = self.cfg.borrow && !self.overloaded;
         if door_borrows && start > ctx.now {
@@ -973,7 +974,7 @@ impl Policy for Smooth {
             tokens_left -= 1;
         }
         prefill(usize::MAX, &mut time, &mut tokens_left, out);
-        self.borrowed += borrowed;
+        self.borrowed.starts += borrowed;
         self.control.queued = !ctx.waiting.is_empty();
         self.control.held = time_held;
 

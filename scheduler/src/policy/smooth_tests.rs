@@ -4,7 +4,7 @@ use super::{Smooth, SmoothConfig};
 use crate::cost::{CostCoeffs, StepCostModel};
 use crate::lengths::LengthModel;
 use crate::patience::PatienceModel;
-use crate::policy::{Decisions, Policy, PolicyContext, SeqView};
+use crate::policy::{Borrowing, Decisions, Policy, PolicyContext, SeqView};
 use crate::slo::{Penalty, SloClass, SloParams};
 
 /// The CPU preset's step costs, roughly.
@@ -530,8 +530,9 @@ fn a_queued_request_can_borrow_from_deep_buffers() {
         (d.grants.iter().any(|g| g.id == 1000), s.borrowing())
     };
     let starts = |borrow: bool, now: f64| plan(borrow, now).0;
-    assert_eq!(plan(true, 2.0).1, Some((false, 1)), "one start on the buffers, counted");
-    assert_eq!(plan(true, 7.0).1, Some((false, 0)), "none on shallow buffers");
+    let lent = |starts| Some(Borrowing { starts, ..Borrowing::default() });
+    assert_eq!(plan(true, 2.0).1, lent(1), "one start on the buffers, counted");
+    assert_eq!(plan(true, 7.0).1, lent(0), "none on shallow buffers");
     assert_eq!(plan(false, 2.0).1, None, "the key off: nothing to report");
     let door = |borrow: bool, now: f64| Smooth::new(SmoothConfig { borrow, ..SmoothConfig::default() }).admit(&seq(2000, now, 40, 0, 1.0), &ctx(&[], now)).is_ok();
     assert!(!starts(false, 2.0), "the feed limit holds it out");
@@ -550,5 +551,7 @@ fn a_queued_request_can_borrow_from_deep_buffers() {
     let mut d = Decisions::default();
     s.plan(&ctx(&waiting, 2.0), &mut d);
     assert!(!d.grants.iter().any(|g| g.id == 1000), "sustained: the feed limit holds");
-    assert_eq!(s.borrowing(), Some((true, 0)), "sustained overload, reported; nothing borrowed");
+    let seen = s.borrowing().expect("on by default");
+    assert!(seen.overloaded && seen.starts == 0, "sustained overload, reported; nothing borrowed: {seen:?}");
+    assert!(seen.arrivals == 401 && seen.overloaded_arrivals >= 300, "most of the 401 arrivals judged overloaded: {seen:?}");
 }

@@ -161,6 +161,14 @@ pub struct Evaluation {
     pub wasted_tokens_frac: f64,
     /// Preemptions in the whole run.
     pub preempted: u64,
+    /// Requests smooth started past its feed limit on the readers' buffers, whole run (0 for
+    /// a policy that does not borrow).
+    #[serde(default)]
+    pub borrowed_starts: u64,
+    /// Arrivals smooth's door judged under sustained overload over the arrivals it judged,
+    /// whole run (0 as above).
+    #[serde(default)]
+    pub overloaded_frac: f64,
     /// Steps in the whole run.
     pub steps: u64,
     /// The offered output rate by class weight, heaviest first: (weight, output tokens per
@@ -227,6 +235,8 @@ impl SimResult {
             delivered_tps: delivered_rate(&self.records, self.window.0, self.window.1),
             wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
             preempted: self.stats.preemptions,
+            borrowed_starts: self.stats.borrowed_starts.unwrap_or(0),
+            overloaded_frac: self.stats.door_arrivals.map_or(0.0, |(n, over)| over as f64 / n.max(1) as f64),
             steps: self.steps,
             offered_by_weight,
             by_priority,
