@@ -668,7 +668,8 @@ impl Policy for Smooth {
     }
 
     fn borrowing(&self) -> Option<Borrowing> {
-        (self.cfg.admission && self.cfg.feed_limit && self.cfg.borrow).then_some(Borrowing { overloaded: self.overloaded, ..self.borrowed })
+        // Without the door (`smooth-no-admission`) nothing judges the overload: it borrows always.
+        (self.cfg.feed_limit && self.cfg.borrow).then_some(Borrowing { overloaded: self.overloaded, ..self.borrowed })
     }
 
     fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
