@@ -273,6 +273,19 @@ def build():
                "{{scheduler}} preemptions/s")], "short", w=8, minv=0),
     ], 8)
     b.place([
+        b.ts("smooth: sustained overload by instance",
+             "1 while smooth's door judges the work offered by its latest 400 arrivals more than its feed limit "
+             "serves: it then holds the queue short (503 predicted_late for what would wait too long) and starts "
+             "nothing on the readers' buffers. 0 through bursts it expects to clear. Only smooth has this series.",
+             [(f"max by (instance, scheduler) (pace_sustained_overload{{{SEL}}})", "{{instance}} {{scheduler}}")],
+             "short", minv=0, maxv=1),
+        b.ts("smooth: starts on the readers' buffers",
+             "Waiting requests smooth started per second past its feed limit, while the running streams' buffers "
+             "covered the excess (never under sustained overload; docs/metrics.md). Only smooth has this series.",
+             [(f"sum by (scheduler) (rate(pace_borrowed_starts_total{{{SEL}}}[{RI}]))", "{{scheduler}}")],
+             "reqps", minv=0),
+    ], 8)
+    b.place([
         b.ts("Request throughput by scheduler",
              "Finished requests per second, every reason (the offered load as the server sees it), and completed ones.",
              [(f"sum by (scheduler) (rate(pace_requests_total{{{SEL}}}[{RI}]))", "{{scheduler}} all"),

@@ -281,6 +281,8 @@ def scrape_contract(inst, strict):
                 warnings.append(msg + " (an event counter the load may not have caused; register it at 0 at start-up)")
             else:
                 errors.append(msg)
+    if any('scheduler="smooth"' in ln for ln in series if ln.startswith("pace_")):
+        errors += [f"{inst.name}: smooth's /metrics has no {m}" for m in sorted(promql.SMOOTH_SERIES) if m not in names]
     for ln in series:
         if ln.startswith("pace_") and not ("model_name=" in ln and "scheduler=" in ln):
             errors.append(f"{inst.name}: series without model_name/scheduler: {ln[:120]}")

@@ -77,6 +77,8 @@ class Registry:
     def __init__(self, model, scheduler, window):
         self.lock = threading.Lock()
         self.labels = f'model_name="{model}",scheduler="{scheduler}"'
+        # smooth's own series: its door's verdict on sustained overload, its starts on buffers.
+        self.smooth = scheduler.startswith("smooth")
         self.window = window
         self.hist = {m: ([0] * len(b), 0.0, 0) for m, b in HISTOGRAMS.items()}
         # Every label value pre-registered at 0, which is what the real server should do too.
@@ -88,6 +90,8 @@ class Registry:
                   "pace_structured_output_masks_total", "pace_structured_output_mask_microseconds_total",
                   "pace_structured_output_errors_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
+        if self.smooth:
+            self.counters[f"pace_borrowed_starts_total{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)
 
@@ -129,6 +133,8 @@ class Registry:
             lines = []
             for g in GAUGES:
                 lines += [f"# TYPE {g} gauge", f"{g}{{{self.labels}}} {fmt(gauges[g])}"]
+            if self.smooth:
+                lines += ["# TYPE pace_sustained_overload gauge", f"pace_sustained_overload{{{self.labels}}} {int(waiting > 2)}"]
             lines += ["# TYPE pace_cache_config_info gauge",
                       f'pace_cache_config_info{{{self.labels},block_size="16",num_gpu_blocks="4096",cache_dtype="f16",'
                       f'enable_prefix_caching="True"}} 1']
@@ -267,6 +273,8 @@ def make_handler(args, reg, sim):
             # The fake's requests all end by length; score a made-up expectation as if stopped.
             reg.observe("pace_output_length_prediction_error_ratio", 0.6 + 0.8 * sim.rng.random())
             reg.inc("pace_prompt_tokens_total", by=n_prompt)
+            if reg.smooth and sim.rng.random() < 0.1:
+                reg.inc("pace_borrowed_starts_total")
             reg.inc("pace_prefix_cache_queries_total", by=n_prompt)
             reg.inc("pace_prefix_cache_hits_total", by=int(n_prompt * (0.6 if sim.s == "smooth" else 0.5) * sim.rng.random()))
             # A fifth of the fake's outputs are constrained, about 45 us of mask CPU a token.
