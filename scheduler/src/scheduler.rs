@@ -195,18 +195,11 @@ pub struct SchedulerStats {
     /// followed (`None` for a policy without one; [`crate::policy::SmoothConfig::calibrate`]).
     #[serde(default)]
     pub queue_wait_scale: Option<f64>,
-    /// Whether smooth's door last judged the offered load a sustained overload (`None` for a
-    /// policy that does not borrow; [`crate::policy::SmoothConfig::borrow`]).
+    /// What smooth's borrowing from the readers' buffers did: the door's verdict on sustained
+    /// overload, the arrivals it judged, the starts on the buffers (`None` for a policy that
+    /// does not borrow; [`crate::policy::SmoothConfig::borrow`]).
     #[serde(default)]
-    pub sustained_overload: Option<bool>,
-    /// Arrivals smooth's door judged, and of those the ones under sustained overload (`None`
-    /// as above).
-    #[serde(default)]
-    pub door_arrivals: Option<(u64, u64)>,
-    /// Waiting requests smooth started past its feed limit on the running streams' buffers
-    /// (`None` for a policy that does not borrow).
-    #[serde(default)]
-    pub borrowed_starts: Option<u64>,
+    pub borrowing: Option<policy::Borrowing>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -940,9 +933,7 @@ impl Scheduler {
             prefix_cache_hits: self.prefix_hits,
             feed_limit_scale: self.policy.feed_scale(),
             queue_wait_scale: self.policy.wait_scale(),
-            sustained_overload: self.policy.borrowing().map(|b| b.overloaded),
-            door_arrivals: self.policy.borrowing().map(|b| (b.arrivals, b.overloaded_arrivals)),
-            borrowed_starts: self.policy.borrowing().map(|b| b.starts),
+            borrowing: self.policy.borrowing(),
         }
     }
 }

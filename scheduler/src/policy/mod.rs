@@ -224,7 +224,7 @@ pub trait Policy: Send {
 /// What smooth's borrowing from the readers' buffers did ([`SmoothConfig::borrow`]): it starts
 /// a waiting request past the feed limit on the running streams' buffers, only outside
 /// sustained overload.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Borrowing {
     /// Whether the door judged the latest arrival's offered load a sustained overload.
     pub overloaded: bool,

@@ -365,11 +365,9 @@ pub fn publish_engine(s: &SchedulerStats) {
     if let Some(scale) = s.queue_wait_scale {
         gauge!("pace_queue_wait_scale").set(scale);
     }
-    if let Some(over) = s.sustained_overload {
-        gauge!("pace_sustained_overload").set(f64::from(u8::from(over)));
-    }
-    if let Some(n) = s.borrowed_starts {
-        counter!("pace_borrowed_starts_total").absolute(n);
+    if let Some(b) = s.borrowing {
+        gauge!("pace_sustained_overload").set(f64::from(u8::from(b.overloaded)));
+        counter!("pace_borrowed_starts_total").absolute(b.starts);
     }
 }
 
