@@ -265,9 +265,8 @@ pub struct Smooth {
     /// Borrowing scratch: (seconds of buffer beyond the horizon, utilisation share) of each
     /// decode-ready stream (see [`SmoothConfig::borrow`]).
     buffers: Vec<(f64, f64)>,
-    /// Whether the door last saw a sustained overload (see [`SmoothConfig::borrow`]).
-    overloaded: bool,
-    /// What borrowing did so far (see [`SmoothConfig::borrow`]).
+    /// What borrowing did so far, and whether the door last saw a sustained overload (see
+    /// [`SmoothConfig::borrow`]).
     borrowed: Borrowing,
     /// Admission scratch: (finish time, utilisation share, streams, KV blocks) of running and
     /// started streams.
@@ -669,7 +668,7 @@ impl Policy for Smooth {
 
     fn borrowing(&self) -> Option<Borrowing> {
         // Without the door (`smooth-no-admission`) nothing judges the overload: it borrows always.
-        (self.cfg.feed_limit && self.cfg.borrow).then_some(Borrowing { overloaded: self.overloaded, ..self.borrowed })
+        (self.cfg.feed_limit && self.cfg.borrow).then_some(self.borrowed)
     }
 
     fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
@@ -707,7 +706,8 @@ impl Policy for Smooth {
         // order, each started request then running for its own expected output.
         let (mut start, passed_on) = self.predicted_start(req, ctx, &c);
         // Its expected output (learned lengths), not max_tokens.
-        let n = ctx.lengths.expected_total(req.max_output).max(1.0);
+        let rem = ctx.lengths.expected_total(req.max_output);
+        let n = rem.max(1.0);
         // (Experimental: the margin only under sustained overload, the lateness it adds to later
         // arrivals instead of the margin, or borrowing outside sustained overload; with none of
         // them, the door keeps no history.)
@@ -716,15 +716,15 @@ impl Policy for Smooth {
             self.offered.record(req, n, passed_on);
         }
         if self.cfg.borrow {
-            self.overloaded = self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
+            let overloaded = self.offered.sustained_overload(&c, q, self.feed_cap(ctx));
+            self.borrowed.overloaded = overloaded;
             self.borrowed.arrivals += 1;
-            self.borrowed.overloaded_arrivals += u64::from(self.overloaded);
+            self.borrowed.overloaded_arrivals += u64::from(overloaded);
         }
-        let door_borrows = self.cfg.borrow && !self.overloaded;
+        let door_borrows = self.cfg.borrow && !self.borrowed.overloaded;
         if door_borrows && start > ctx.now {
             // The plan starts the queue ahead of it and then it, one by one, while the buffers
             // cover each (see `SmoothConfig::borrow`): then it starts now.
-            let rem = ctx.lengths.expected_total(req.max_output);
             let kappa = prefill_per_token(&c, ctx, Some((req, rem)));
             let next_end = borrowable(ctx, &c, kappa, self.cfg.horizon_steps * t_full, &mut self.buffers);
             let (cap, kv_cap) = (self.feed_cap(ctx), self.kv_cap(ctx));
@@ -889,7 +889,7 @@ impl Policy for Smooth {
 
         // Borrowing from the buffers (see `SmoothConfig::borrow`): how much each stream has,
         // and how soon the next running stream is predicted to end.
-        let next_end = if self.cfg.borrow && !self.overloaded && !ctx.waiting.is_empty() { borrowable(ctx, &c, kappa, horizon, &mut self.buffers) } else { f64::INFINITY };
+        let next_end = if self.cfg.borrow && !self.borrowed.overloaded && !ctx.waiting.is_empty() { borrowable(ctx, &c, kappa, horizon, &mut self.buffers) } else { f64::INFINITY };
         let buffers = &self.buffers;
         let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
         let mut feed_full = false;
@@ -930,7 +930,7 @@ impl Policy for Smooth {
                     if !feed_full && slots > 0 && !feed.is_empty() && with.utilisation(c.base_s) > feed_cap {
                         time_held = true;
                     }
-                    let borrows = || self.cfg.borrow && !self.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap);
+                    let borrows = || self.cfg.borrow && !self.borrowed.overloaded && covers(buffers, next_end, &with, c.base_s, feed_cap, kv_cap);
                     // Past the limit with streams running: it starts only on their buffers.
                     let lent = !feed.is_empty() && with.over(c.base_s, feed_cap, kv_cap);
                     if feed_full || slots == 0 || (lent && !borrows()) {
