@@ -88,7 +88,7 @@ struct PtxasRecord {
 fn ptxas_records(text: &str) -> Vec<PtxasRecord> {
     let number_before = |line: &str, what: &str| -> Option<u32> {
         let at = line.find(what)?;
-        line[..at].split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).next_back()?.parse().ok()
+        line[..at].split(|c: char| !c.is_ascii_digit()).rfind(|w| !w.is_empty())?.parse().ok()
     };
     let mut out: Vec<PtxasRecord> = Vec::new();
     for line in text.lines() {

@@ -30,6 +30,9 @@ pub enum BenchCommand {
     /// A long, hostile run against one pace server (overload, clients that leave, slow
     /// connections), judged by pass/fail checks; writes report.md and soak.json.
     Soak(crate::soak::SoakArgs),
+    /// Score per-request exports of AIPerf, `vllm bench serve`, GuideLLM, inference-perf or pace
+    /// itself: binary and smooth goodput and benefit per request sent, per run and load level.
+    Score(crate::score::ScoreArgs),
 }
 
 /// Workload, SLO and limit flags shared by every `pace bench` command.
@@ -247,6 +250,14 @@ pub struct AbArgs {
     /// so that no policy always gets the same CPUs. Default: unpinned.
     #[arg(long, value_delimiter = '/', value_parser = crate::launch::parse_cpus)]
     pub serve_cpus: Vec<Vec<usize>>,
+    /// Drive the load with this third-party tool instead of pace's own client (installed with
+    /// pip), on its own synthetic prompts of --random-input-len / --random-output-len tokens;
+    /// its per-request exports are scored by `pace bench score` into report.md.
+    #[arg(long, value_enum)]
+    pub client: Option<crate::third_party::Client>,
+    /// The --client tool's executable (default: its name on PATH).
+    #[arg(long)]
+    pub client_bin: Option<String>,
     #[command(flatten)]
     pub loads: LoadArgs,
     #[command(flatten)]
@@ -432,12 +443,16 @@ fn date() -> String {
 
 /// Runs a `pace bench` command.
 pub fn run(cmd: &BenchCommand) -> Result<()> {
+    if let BenchCommand::Score(a) = cmd {
+        return crate::score::run(a);
+    }
     let rt = runtime()?;
     match cmd {
         BenchCommand::Serve(a) => rt.block_on(serve(a)).map(|_| ()),
         BenchCommand::Sweep(a) => rt.block_on(sweep(a)),
         BenchCommand::Ab(a) => rt.block_on(ab(a)),
         BenchCommand::Soak(a) => rt.block_on(crate::soak::soak(a)).map(|_| ()),
+        BenchCommand::Score(a) => crate::score::run(a),
     }
 }
 
@@ -526,6 +541,9 @@ pub async fn sweep(a: &SweepArgs) -> Result<()> {
 
 /// `pace bench ab`.
 pub async fn ab(a: &AbArgs) -> Result<()> {
+    if let Some(client) = a.client {
+        return crate::third_party::ab(a, client).await;
+    }
     let prov = crate::provenance::collect();
     let w = &a.workload;
     if !a.labels.is_empty() && a.labels.len() != a.base_urls.len() {

@@ -13,6 +13,8 @@
 //! - [`report`]: a run's metrics, vLLM-style table and result JSON.
 //! - [`sweep`]: several loads and targets, the report directory; [`plots`]: SVG charts.
 //! - [`repeats`]: an A/B repeated over seeds, summarised by medians, intervals and paired differences.
+//! - [`score`]: `pace bench score`, the pace metrics from other tools' per-request exports.
+//! - [`third_party`]: `pace bench ab --client aiperf|guidellm|vllm`, the load driven by other tools.
 //! - [`soak`]: `pace bench soak`, a long hostile run judged by pass/fail checks.
 //! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
 //! - [`provenance`]: command, commit, machine and date at the top of every report.
@@ -28,10 +30,12 @@ pub mod plots;
 pub mod provenance;
 pub mod repeats;
 pub mod report;
+pub mod score;
 pub mod sim_cmd;
 pub mod slo_args;
 pub mod soak;
 pub mod sse;
 pub mod sweep;
+pub mod third_party;
 
 pub use cli::{run, BenchCommand};

@@ -206,6 +206,22 @@ impl Tokenizer {
         }
     }
 
+    /// The plain-text encoder as a Hugging Face `tokenizer.json` (normalizer, pre-tokenizer and
+    /// BPE model, without the added tokens), so that tools which load tokenizers through
+    /// `transformers` (AIPerf, GuideLLM) count and draw prompts with this model's vocabulary
+    /// when only its GGUF file is at hand. `None` for SentencePiece vocabularies, which pace
+    /// encodes with its own code.
+    pub fn hf_encoder_json(&self) -> Option<String> {
+        let Encoder::Hf(t) = &self.encoder else { return None };
+        let mut v: serde_json::Value = serde_json::from_str(&t.to_string(false).ok()?).ok()?;
+        // pace decodes by itself, so its pipeline has no decoder; the tools decode with it (to
+        // write prompts of a given length), and byte-level pieces need theirs.
+        if v.get("decoder").is_none_or(|d| d.is_null()) && self.style == DecodeStyle::ByteLevel {
+            v["decoder"] = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        }
+        serde_json::to_string(&v).ok()
+    }
+
     /// A byte-level tokenizer of `vocab_size` tokens for models that ship none (dummy weights):
     /// one token per byte, `<|endoftext|>` as BOS/EOS, ChatML as chat template.
     pub fn byte_level(vocab_size: usize) -> Result<Self> {
