@@ -395,3 +395,42 @@ fn report(prov: &crate::provenance::Provenance, client: Client, a: &AbArgs, rows
     out.push_str("\n![benefit per request sent](benefit-per-request-sent.svg)\n");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(client: Client, level: Level) -> Job {
+        Job {
+            client,
+            exe: client.exe().into(),
+            base_url: "http://127.0.0.1:9".into(),
+            model: "m".into(),
+            tokenizer_dir: "/t".into(),
+            endpoint: "/v1/completions".into(),
+            input_len: 256,
+            output_len: 128,
+            num_prompts: 40,
+            seed: 7,
+            level,
+            out: "/o".into(),
+        }
+    }
+
+    /// `vllm bench serve` is not installed here to run for real (AIPerf and GuideLLM are, in
+    /// tests/score.rs): its command must at least ask for the per-request export `score` reads,
+    /// with the load in vLLM's terms.
+    #[test]
+    fn vllm_command_asks_for_the_detailed_export() {
+        let c = job(Client::Vllm, Level::Concurrency(8.0)).command().join(" ");
+        for want in ["vllm bench serve", "--save-result --save-detailed", "--result-dir /o", "--max-concurrency 8 --request-rate inf", "--ignore-eos", "--seed 7"] {
+            assert!(c.contains(want), "{want}: {c}");
+        }
+        let c = job(Client::Vllm, Level::Rate(0.5)).command().join(" ");
+        assert!(c.contains("--request-rate 0.5") && !c.contains("--max-concurrency"), "{c}");
+        let c = job(Client::Aiperf, Level::Rate(0.5)).command().join(" ");
+        assert!(c.contains("--request-rate 0.5 --arrival-pattern poisson") && c.contains("--artifact-dir /o"), "{c}");
+        assert_eq!(level_dir(Level::Rate(0.5)), "r0.5");
+        assert_eq!(level_dir(Level::Concurrency(8.0)), "c8");
+    }
+}

@@ -361,7 +361,7 @@ pub fn score_paths(paths: &[PathBuf], format: Option<Format>, params: SloParams,
 
 fn level_text(l: Option<Level>) -> String {
     match l {
-        Some(Level::Concurrency(c)) => format!("{c} clients"),
+        Some(Level::Concurrency(c)) => format!("{c} client{}", if c == 1.0 { "" } else { "s" }),
         Some(Level::Rate(r)) => format!("{r} req/s"),
         None => "-".into(),
     }
