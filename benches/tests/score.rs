@@ -136,7 +136,7 @@ fn plots_need_levels_and_write_svgs() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A Python with AIPerf and GuideLLM: `PACE_CLIENTS_PYTHON`'s venv if set, else a venv under
+/// The bin directory of a venv with AIPerf and GuideLLM: `$PACE_CLIENTS_VENV` if set, else a venv under
 /// target/ that this installs them into from the package index.
 fn clients_bin_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("PACE_CLIENTS_VENV") {

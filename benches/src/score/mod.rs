@@ -136,6 +136,9 @@ pub struct Score {
     pub cancelled: usize,
     /// The window, seconds.
     pub duration_s: f64,
+    /// From the first request sent to the last, seconds: the offered load as it was sent (a
+    /// tool that fired an open loop's requests at once shows here).
+    pub sent_over_s: f64,
     /// Complete answers per second.
     pub request_throughput: f64,
     /// Delivered output tokens per second.
@@ -255,6 +258,10 @@ impl Scorer {
             failed: count(End::Failed),
             cancelled: count(End::Cancelled),
             duration_s: duration,
+            sent_over_s: {
+                let last_sent = items.iter().map(|s| s.start).fold(f64::NEG_INFINITY, f64::max);
+                if last_sent > first { last_sent - first } else { 0.0 }
+            },
             request_throughput: per_s(served.len() as f64),
             output_throughput: per_s(tokens as f64),
             binary_goodput: self.has_slo.then(|| per_s(passed as f64)),
@@ -370,17 +377,18 @@ fn level_text(l: Option<Level>) -> String {
 /// The scores as a Markdown table.
 pub fn table(scores: &[Score], has_slo: bool) -> String {
     let mut out = String::from(
-        "| source | run | load | timing | sent | served | refused | failed | cancelled | binary goodput (req/s) | smooth goodput (/s) | benefit per request sent | idle p50 / p99, all (s) | TTFT p50 served (s) | fluidity |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| source | run | load | timing | sent | sent over (s) | served | refused | failed | cancelled | binary goodput (req/s) | smooth goodput (/s) | benefit per request sent | idle p50 / p99, all (s) | TTFT p50 served (s) | fluidity |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in scores {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.1} ± {:.1} | {:.2} / {:.2} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {:.1} ± {:.1} | {:.2} / {:.2} | {:.3} | {} |\n",
             s.source,
             if s.run.is_empty() { "-" } else { &s.run },
             level_text(s.level),
             serde_json::to_value(s.timing).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
             s.sent,
+            s.sent_over_s,
             s.served,
             s.refused,
             s.failed,
