@@ -599,26 +599,7 @@ async fn ab_once(
 ) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>, Vec<String>)> {
     let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let client = http_client(256)?;
-    let cfg = if a.scheduler.is_empty() {
-        None
-    } else {
-        let bin = match &a.pace_bin {
-            Some(b) => b.clone(),
-            None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
-        };
-        let mut args: Vec<String> = Vec::new();
-        if let Some(m) = &a.serve_model {
-            args.extend(["--model".to_string(), m.clone()]);
-        }
-        args.extend(a.serve_arg.iter().cloned());
-        Some(ServeConfig {
-            bin,
-            args,
-            start_timeout: a.server_start_timeout,
-            stop_timeout: a.server_stop_timeout,
-            log_dir: dir.join("logs"),
-        })
-    };
+    let cfg = serve_config(a, dir)?;
     if a.side_by_side {
         let mut spec = spec;
         spec.workload_desc.push_str("; the targets ran side by side (at the same time, each with its own copy of this workload)");
@@ -654,6 +635,23 @@ async fn ab_once(
     }
     let series = done.into_iter().flatten().collect();
     Ok((spec, series, order))
+}
+
+/// How to start `pace serve` for the --scheduler targets (`None` without any), logs in `dir/logs`.
+pub(crate) fn serve_config(a: &AbArgs, dir: &std::path::Path) -> Result<Option<ServeConfig>> {
+    if a.scheduler.is_empty() {
+        return Ok(None);
+    }
+    let bin = match &a.pace_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
+    };
+    let mut args: Vec<String> = Vec::new();
+    if let Some(m) = &a.serve_model {
+        args.extend(["--model".to_string(), m.clone()]);
+    }
+    args.extend(a.serve_arg.iter().cloned());
+    Ok(Some(ServeConfig { bin, args, start_timeout: a.server_start_timeout, stop_timeout: a.server_stop_timeout, log_dir: dir.join("logs") }))
 }
 
 /// The CPUs of started server `i` (in --scheduler order) in repeat `rotate` (empty: unpinned).

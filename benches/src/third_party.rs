@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::cli::{AbArgs, WorkloadArgs};
-use crate::launch::{ServeConfig, ServeProcess};
+use crate::launch::ServeProcess;
 use crate::score::formats::Level;
 use crate::score::{score_paths, Score};
 
@@ -245,20 +245,7 @@ pub async fn ab(a: &AbArgs, client: Client) -> Result<()> {
     let tokenizer_dir = export_tokenizer(w.tokenizer.as_deref(), &dir.join("tokenizer"))?;
     let exe = a.client_bin.clone().unwrap_or_else(|| client.exe().to_string());
     let http = crate::client::http_client(4)?;
-    let cfg = if a.scheduler.is_empty() {
-        None
-    } else {
-        let bin = match &a.pace_bin {
-            Some(b) => b.clone(),
-            None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
-        };
-        let mut args: Vec<String> = Vec::new();
-        if let Some(m) = &a.serve_model {
-            args.extend(["--model".to_string(), m.clone()]);
-        }
-        args.extend(a.serve_arg.iter().cloned());
-        Some(ServeConfig { bin, args, start_timeout: a.server_start_timeout, stop_timeout: a.server_stop_timeout, log_dir: dir.join("logs") })
-    };
+    let cfg = crate::cli::serve_config(a, &dir)?;
     let base_seed = w.seed.unwrap_or(0);
     let n_targets = a.base_urls.len() + a.scheduler.len();
     let mut rows = Vec::new();
