@@ -28,10 +28,10 @@ pub struct SimArgs {
     /// Cost-model preset (machine and model).
     #[arg(long, default_value = "h200-llama3-8b", value_parser = preset_parser())]
     pub preset: String,
-    /// Policies to compare, comma separated. `smooth-no-admission`, `smooth-no-feed-limit`,
-    /// `fcfs-admission` and `sarathi` are experimental ablations of smooth (ARCHITECTURE.md);
-    /// `smooth:KEY=VALUE[:KEY=VALUE...]` is smooth with some of its constants set (horizon_steps,
-    /// admit_max_loss, starvation_s, min_chunk_fraction, feed_quantile).
+    /// Policies to compare, comma separated: smooth, fcfs, drop-late, and
+    /// `smooth:KEY=VALUE[:KEY=VALUE...]`, smooth with some of its configuration set (door, feed,
+    /// chunk and order: 0 switches the rule off, for an ablation; max_loss; window_s;
+    /// docs/scheduler.md).
     #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = pace_scheduler::policy::parse_name)]
     pub policies: Vec<String>,
     /// Offered loads as multiples of the preset's estimated saturation rate on the workload.
@@ -267,8 +267,9 @@ pub struct SummaryLine {
     pub wasted_tokens_frac: f64,
     /// Preemptions per run.
     pub preempted: f64,
-    /// Requests smooth started on the readers' buffers per run (0 for other policies).
-    pub borrowed_starts: f64,
+    /// Arrivals smooth's door took for clients answering a refusal per run (0 for other
+    /// policies).
+    pub door_returns: f64,
     /// Arrivals smooth's door judged under sustained overload, over those it judged.
     pub overloaded_frac: f64,
     /// Requests per run.
@@ -376,7 +377,7 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         abandoned_frac: m(&|r| r.eval.stats.abandoned_frac),
         wasted_tokens_frac: m(&|r| r.eval.wasted_tokens_frac),
         preempted: m(&|r| r.eval.preempted as f64),
-        borrowed_starts: m(&|r| r.eval.borrowed_starts as f64),
+        door_returns: m(&|r| r.eval.door_returns as f64),
         overloaded_frac: m(&|r| r.eval.overloaded_frac),
         num_requests: args.num_requests,
         patience: args.patience.clone(),
@@ -816,7 +817,7 @@ mod tests {
     fn parses_flags_and_writes_json_plots_and_report() {
         let dir = std::env::temp_dir().join(format!("pace-sim-test-{}", std::process::id()));
         let cli = Cli::try_parse_from([
-            "sim", "--preset", "cpu-smollm2", "--policies", "smooth,fcfs,sarathi", "--load-factors", "0.5,1.5",
+            "sim", "--preset", "cpu-smollm2", "--policies", "smooth,fcfs,smooth:door=0", "--load-factors", "0.5,1.5",
             "--num-requests", "150", "--seeds", "1,2", "--penalty", "capped:5", "--goodput", "ttft:2000", "--input-len", "16:64",
             "--output-len", "8:64", "--patience", "exp:20", "--max-tokens-rule", "cap:1024", "--out", dir.to_str().unwrap(), "--json",
         ])
@@ -829,13 +830,13 @@ mod tests {
             "smooth_goodput", "attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "idle_p99", "rejected",
             "dropped", "preempted", "saturation_rate", "seeds", "window_s", "counted", "smooth_goodput_ci95",
             "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac", "dropped_frac", "abandoned_frac",
-            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served", "borrowed_starts",
+            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served", "door_returns",
             "overloaded_frac"] {
             assert!(first.get(key).is_some(), "missing {key}");
         }
         assert_eq!(first["seeds"], serde_json::json!([1, 2]));
         let svg = std::fs::read_to_string(dir.join("smooth_goodput.svg")).unwrap();
-        assert!(svg.contains("<svg") && svg.contains("sarathi") && svg.contains("ceiling"));
+        assert!(svg.contains("<svg") && svg.contains("smooth:door=0") && svg.contains("ceiling"));
         assert!(dir.join("overview.svg").exists() && !dir.join("overview.png").exists());
         let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
         assert!(report.contains("| policy |") && report.contains("- Commit:") && report.contains("- Command:"));

@@ -274,15 +274,16 @@ def build():
     ], 8)
     b.place([
         b.ts("smooth: sustained overload by instance",
-             "1 while smooth's door judges the work offered by its latest 400 arrivals more than its feed limit "
-             "serves: it then holds the queue short (503 predicted_late for what would wait too long) and starts "
-             "nothing on the readers' buffers. 0 through bursts it expects to clear. Only smooth has this series.",
+             "1 while smooth's door finds, over its window (a minute), more new requests arriving than completing: "
+             "it then refuses (503 predicted_late) requests that would wait behind others for more than a small "
+             "share of their value. 0 through bursts and closed loops. Only smooth has this series.",
              [(f"max by (instance, scheduler) (pace_sustained_overload{{{SEL}}})", "{{instance}} {{scheduler}}")],
              "short", minv=0, maxv=1),
-        b.ts("smooth: starts on the readers' buffers",
-             "Waiting requests smooth started per second past its feed limit, while the running streams' buffers "
-             "covered the excess (never under sustained overload; docs/metrics.md). Only smooth has this series.",
-             [(f"sum by (scheduler) (rate(pace_borrowed_starts_total{{{SEL}}}[{RI}]))", "{{scheduler}}")],
+        b.ts("smooth: arrivals answering an end",
+             "Requests per second that arrived within moments of another's end (finished, left or refused): "
+             "closed-loop clients, which smooth's door does not count as new demand (docs/scheduler.md). "
+             "Only smooth has this series.",
+             [(f"sum by (scheduler) (rate(pace_door_returns_total{{{SEL}}}[{RI}]))", "{{scheduler}}")],
              "reqps", minv=0),
     ], 8)
     b.place([

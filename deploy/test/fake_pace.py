@@ -91,7 +91,7 @@ class Registry:
                   "pace_structured_output_errors_total"]:
             self.counters[f"{c}{{{self.labels}}}"] = 0
         if self.smooth:
-            self.counters[f"pace_borrowed_starts_total{{{self.labels}}}"] = 0
+            self.counters[f"pace_door_returns_total{{{self.labels}}}"] = 0
         self.finished = []  # (finish time, passed, tokens, benefit)
         self.inflight = {}  # id -> (arrival, tokens delivered, started)
 
@@ -274,7 +274,7 @@ def make_handler(args, reg, sim):
             reg.observe("pace_output_length_prediction_error_ratio", 0.6 + 0.8 * sim.rng.random())
             reg.inc("pace_prompt_tokens_total", by=n_prompt)
             if reg.smooth and sim.rng.random() < 0.1:
-                reg.inc("pace_borrowed_starts_total")
+                reg.inc("pace_door_returns_total")
             reg.inc("pace_prefix_cache_queries_total", by=n_prompt)
             reg.inc("pace_prefix_cache_hits_total", by=int(n_prompt * (0.6 if sim.s == "smooth" else 0.5) * sim.rng.random()))
             # A fifth of the fake's outputs are constrained, about 45 us of mask CPU a token.

@@ -46,10 +46,10 @@ STRUCTURED_COUNTERS = ["pace_structured_output_masks_total", "pace_structured_ou
 EVENT_SERIES = {h + s for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")} | {
     f"instance:{h}{s}:rate1m" for h in EVENT_HISTOGRAMS for s in ("_bucket", "_count", "_sum")} | set(STRUCTURED_COUNTERS)
 CONTRACT = set(GAUGES) | set(COUNTERS) | {h + s for h in HISTOGRAMS for s in ("_bucket", "_count", "_sum")}
-# smooth's own series (docs/metrics.md): only a server running smooth (with borrowing, its
+# smooth's own series (docs/metrics.md): only a server running smooth (with its door, the
 # default) exports them, so they are checked on smooth's instances and are not part of the
 # contract every scheduler meets.
-SMOOTH_SERIES = {"pace_sustained_overload", "pace_borrowed_starts_total"}
+SMOOTH_SERIES = {"pace_sustained_overload", "pace_door_returns_total"}
 
 PROMQL_KEYWORDS = {
     "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group",

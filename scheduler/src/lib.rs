@@ -9,8 +9,8 @@
 //! - [`scheduler`]: the shared mechanism, [`Scheduler`]: request states, budgets, block
 //!   allocation, preemption, bookkeeping. The engine calls `add`, `schedule`, `update`, `abort`.
 //! - [`block_pool`]: the KV block pool, block 0 reserved, O(1) allocate and free.
-//! - [`policy`]: the [`Policy`] seam, the three policies `fcfs`, `drop-late`, `smooth`, and
-//!   smooth's ablations (`smooth-no-admission`, `fcfs-admission`, `sarathi`).
+//! - [`policy`]: the [`Policy`] seam and the three policies `fcfs`, `drop-late`, `smooth`
+//!   (whose four rules can each be switched off for an ablation: `smooth:door=0`, ...).
 //! - [`cost`]: [`StepCostModel`], a step's duration from its [`StepShape`], refit online.
 //! - [`lengths`]: [`LengthModel`], output lengths learned from finished requests (censored
 //!   Kaplan-Meier per `max_tokens` bucket), so no policy takes `max_tokens` for the length.

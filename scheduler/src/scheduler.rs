@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_pool::{chain_hash, BlockPool, ROOT_HASH};
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
-use crate::lengths::{LengthModel, LengthPrior};
 use crate::patience::PatienceModel;
+use crate::lengths::{LengthModel, LengthPrior};
 use crate::plan::{BatchPlan, RequestId, SeqSlice, StepOutput};
 use crate::policy::{self, Decisions, Policy, PolicyContext, SeqView};
 use crate::request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
@@ -187,19 +187,9 @@ pub struct SchedulerStats {
     /// Of those, tokens found cached when the requests started.
     #[serde(default)]
     pub prefix_cache_hits: u64,
-    /// The scale smooth's feed limit has learned from what its streams got (`None` for a
-    /// policy without one; [`crate::policy::SmoothConfig::feed_target`]).
+    /// What smooth's door has seen and done (`None` for a policy without a door of its own).
     #[serde(default)]
-    pub feed_limit_scale: Option<f64>,
-    /// What smooth's door multiplies its predicted waits by, learned from the starts that
-    /// followed (`None` for a policy without one; [`crate::policy::SmoothConfig::calibrate`]).
-    #[serde(default)]
-    pub queue_wait_scale: Option<f64>,
-    /// What smooth's borrowing from the readers' buffers did: the door's verdict on sustained
-    /// overload, the arrivals it judged, the starts on the buffers (`None` for a policy that
-    /// does not borrow; [`crate::policy::SmoothConfig::borrow`]).
-    #[serde(default)]
-    pub borrowing: Option<policy::Borrowing>,
+    pub door: Option<policy::DoorStats>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,6 +294,8 @@ pub struct Scheduler {
     last_end: f64,
     /// Requests ended so far (finished for any reason, or refused).
     ends: u64,
+    /// Requests that ran to their end (stop or length) so far.
+    completed: u64,
     /// Longest sequence the pool and `max_model_len` both allow.
     max_len: usize,
     slots: Vec<Option<Req>>,
@@ -348,10 +340,11 @@ impl Scheduler {
         let max_len = cfg.max_model_len.min(pool.capacity() * cfg.block_size);
         Self {
             cost: StepCostModel::new(cfg.cost_prior),
-            lengths: LengthModel::new(cfg.lengths),
             patience: PatienceModel::default(),
             last_end: f64::NEG_INFINITY,
             ends: 0,
+            completed: 0,
+            lengths: LengthModel::new(cfg.lengths),
             policy,
             pool,
             max_len,
@@ -400,22 +393,10 @@ impl Scheduler {
         &self.lengths
     }
 
-    /// The client-patience model.
-    pub fn patience_model(&self) -> &PatienceModel {
-        &self.patience
-    }
-
     /// `expected / actual` output length of every request that stopped by itself since the last
     /// call (expected: the length model's prediction when it was admitted).
     pub fn drain_length_errors(&mut self) -> std::vec::Drain<'_, f64> {
         self.length_errors.drain(..)
-    }
-
-    /// Moves into `out` the policy's door's `predicted / actual` wait of every request it
-    /// predicted to wait for a place and that started (or left the queue) since the last call
-    /// (smooth's `calibrate`; none for other policies).
-    pub fn drain_wait_errors(&mut self, out: &mut Vec<f64>) {
-        self.policy.drain_wait_errors(out);
     }
 
     /// Use `model`, for example one seeded by a start-up profile.
@@ -641,6 +622,7 @@ impl Scheduler {
             patience: &self.patience,
             last_end: self.last_end,
             ends: self.ends,
+            completed: self.completed,
             slo: &self.cfg.slo,
         };
         (&mut self.policy, ctx)
@@ -884,6 +866,7 @@ impl Scheduler {
         self.finished.bump(reason);
         self.last_end = self.last_end.max(now);
         self.ends += 1;
+        self.completed += u64::from(matches!(reason, FinishReason::Stop | FinishReason::Length));
         // What the request says about output lengths: a stop is an observed length; a cut
         // (length limit, client gone, drop) only bounds it from below.
         match reason {
@@ -898,11 +881,12 @@ impl Scheduler {
             }
             FinishReason::Error | FinishReason::Rejected => {}
         }
-        // What it says about patience: a client that went away left at its idle latency then;
-        // any other end only bounds its patience from below.
+        // What it says about patience: a client that went away while its reader was idle left at
+        // that idle latency; one that went away on time (a reader who stopped after enough text)
+        // and every other end only bound its patience from below.
         match reason {
-            FinishReason::Abort => self.patience.left(r.idle_at(now)),
-            FinishReason::Stop | FinishReason::Length => self.patience.stayed(r.max_lateness),
+            FinishReason::Abort if now > r.class.deadline(r.arrival, r.num_output() + 1) => self.patience.left(r.idle_at(now)),
+            FinishReason::Abort | FinishReason::Stop | FinishReason::Length => self.patience.stayed(r.max_lateness),
             FinishReason::Dropped => self.patience.stayed(r.idle_at(now)),
             FinishReason::Error | FinishReason::Rejected => {}
         }
@@ -931,9 +915,7 @@ impl Scheduler {
             steps: self.step,
             prefix_cache_queries: self.prefix_queries,
             prefix_cache_hits: self.prefix_hits,
-            feed_limit_scale: self.policy.feed_scale(),
-            queue_wait_scale: self.policy.wait_scale(),
-            borrowing: self.policy.borrowing(),
+            door: self.decisions.door,
         }
     }
 }

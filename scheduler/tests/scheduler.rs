@@ -448,39 +448,6 @@ fn the_length_model_learns_from_stops_and_is_not_fooled_by_cuts() {
     assert!(errors[0] > 5.0 && errors[59] < errors[0] / 3.0, "first {} last {}", errors[0], errors[59]);
 }
 
-#[test]
-fn the_patience_model_learns_from_clients_who_leave() {
-    let cfg = SchedulerConfig { max_num_seqs: 1, max_batch_tokens: 64, num_kv_blocks: 400, max_model_len: 1024, ..small_cfg() };
-    let mut h = Harness::new(cfg, "fcfs");
-    // One long answer holds the only place in the batch; ten clients queue behind it.
-    h.add(request(0, 4, 300, 0.0)).unwrap();
-    for id in 1..=10 {
-        h.add(request(id, 4, 5, 0.0)).unwrap();
-    }
-    while h.now < 1.0 {
-        h.step(0.01);
-    }
-    assert_eq!(h.sched.stats().waiting, 10);
-    // Four of them leave, idle since their first token's deadline (0.2 s at 5 tok/s).
-    let left_at = h.now - 0.2;
-    for id in 1..=4 {
-        assert!(h.sched.abort(id, h.now).is_some());
-    }
-    while h.sched.has_unfinished() {
-        h.step(0.01);
-    }
-    // The fit is refreshed at the start of each step: one more sees the last request's end.
-    h.step(0.01);
-    let m = h.sched.patience_model();
-    assert_eq!(m.observed_leaving(), 4);
-    // Nobody left sooner; of the ten still waiting at that idle latency, four left. The six served
-    // later waited longer and say only that their patience was longer than that.
-    assert_eq!(m.survival(left_at - 0.05), 1.0);
-    assert!((m.survival(left_at + 0.05) - 0.6).abs() < 1e-9, "{}", m.survival(left_at + 0.05));
-    assert!((m.stays(0.0, left_at + 0.05) - 0.6).abs() < 1e-9);
-    assert_eq!(m.stays(left_at + 0.05, left_at + 10.0), 1.0, "no one was seen leaving later");
-}
-
 /// Admission sees the requests that are there now: a stream that ended between steps (its
 /// client left, or it finished in the last step) holds no seat. With one seat, a stream whose
 /// client left mid-answer used to stay in smooth's view of the running batch until the next

@@ -121,7 +121,7 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
     let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() };
     let sat = saturation(&cfg, &p.workload, &client, 0, 1);
     let spec = SweepSpec {
-        policies: &["smooth", "fcfs", "drop-late", "smooth-no-admission", "fcfs-admission", "sarathi"],
+        policies: &["smooth", "fcfs", "drop-late", "smooth:door=0", "smooth:feed=0", "smooth:order=0"],
         loads: &[Load::Rate(1.5 * sat.rate)],
         num_requests: 2000,
         seeds: &[1, 2],
@@ -147,7 +147,7 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
         }
     }
     assert!(points.iter().any(|p| p.runs.iter().any(|r| r.eval.wasted_tokens_frac > 0.0)), "someone left after costing work");
-    let no_door = points.iter().find(|p| p.policy == "smooth-no-admission").unwrap();
+    let no_door = points.iter().find(|p| p.policy == "smooth:door=0").unwrap();
     assert!(no_door.runs.iter().all(|r| r.eval.stats.rejected == 0));
 }
 
@@ -172,8 +172,8 @@ fn outputs_end_at_their_true_length_under_every_max_tokens_rule() {
 }
 
 /// A run is a function of its seeds: smooth on the H200 preset at twice saturation, without
-/// patience (its door's wait calibration at work: many requests wait, and many start in the
-/// same step), gives the same record for every request twice over in one process, where each
+/// patience (its door judging the overload over 20 s, as the run lasts under a minute: many
+/// requests wait, are refused, and many start in the same step), gives the same record for every request twice over in one process, where each
 /// run's hash maps are seeded differently.
 #[test]
 fn the_same_seeds_give_the_same_run() {
@@ -184,7 +184,7 @@ fn the_same_seeds_give_the_same_run() {
     let run = || {
         let mut reqs = p.workload.generate(rate, 3000, 11);
         client.apply(&mut reqs, 11, cfg.sched.max_model_len);
-        simulate(&SimConfig { seed: 11, ..cfg.clone() }, by_name("smooth").unwrap(), &reqs).unwrap()
+        simulate(&SimConfig { seed: 11, ..cfg.clone() }, by_name("smooth:window_s=20").unwrap(), &reqs).unwrap()
     };
     let (a, b) = (run(), run());
     assert!(a.stats.rejected.predicted_late > 100, "the door is at work: {:?}", a.stats.rejected);

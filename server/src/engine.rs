@@ -29,9 +29,6 @@ pub struct StepReport {
     /// `expected / actual` output length of each request that stopped by itself in this step
     /// (the length model's prediction at admission).
     pub length_errors: Vec<f64>,
-    /// `predicted / actual` wait for a place of each request smooth's door predicted to wait
-    /// and that started (or left the queue) by this step (`SmoothConfig::calibrate`).
-    pub wait_errors: Vec<f64>,
     /// The step's error, if it failed.
     pub error: Option<String>,
 }
@@ -204,7 +201,6 @@ impl EngineCore {
         }
         self.plan = plan;
         report.length_errors.extend(self.scheduler.drain_length_errors());
-        self.scheduler.drain_wait_errors(&mut report.wait_errors);
         report
     }
 }

@@ -23,7 +23,11 @@ async fn eventually(s: &Server, secs: u64, what: &str, cond: impl Fn(&str) -> bo
         if cond(&text) {
             return;
         }
-        assert!(Instant::now() < deadline, "{what} did not happen; metrics:\n{}", text.lines().filter(|l| l.starts_with("pace_num") || l.starts_with("pace_kv") || l.starts_with("pace_requests")).collect::<Vec<_>>().join("\n"));
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen; metrics:\n{}",
+            text.lines().filter(|l| l.starts_with("pace_num") || l.starts_with("pace_kv") || l.starts_with("pace_requests")).collect::<Vec<_>>().join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -108,46 +112,31 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
     // Nothing is left behind: a new request is served in full and the engine is idle after it.
     // (No latency bound here: CI runs the other lifecycle servers on the same two cores; the
     // timeout only turns a hang into a failure.)
-    let served = tokio::time::timeout(
-        Duration::from_secs(180),
-        post(&s.url("/v1/completions"), &json!({"prompt": "Quick:", "max_tokens": 4, "ignore_eos": true})),
-    )
-    .await;
+    let served =
+        tokio::time::timeout(Duration::from_secs(180), post(&s.url("/v1/completions"), &json!({"prompt": "Quick:", "max_tokens": 4, "ignore_eos": true})))
+            .await;
     let (st, _, v) = served.expect("a new request is served after the mass timeouts");
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
     eventually(&s, 30, "idle after the new request", idle).await;
 }
 
-/// smooth's experimental feed-limit feedback (`smooth:feed_target=T`) exports the scale it
-/// learned, within its bounds; plain smooth has no such series. smooth's door exports the scale
-/// of its predicted waits (1 before it has seen enough starts) unless its calibration is off,
-/// and its borrowing (the door's verdict on sustained overload, starts on the readers' buffers:
-/// 0 and 0 after one request on an idle server) unless that is off; fcfs has none of them.
+/// smooth exports its door's verdict on sustained overload and the arrivals it took for clients
+/// answering an end (0 and 0 after one request on an idle server), also with a rule off;
+/// fcfs has neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_learned_scales_are_exported_where_they_are_learned() {
-    let cases = [
-        ("smooth:feed_target=1.05", true, true, true),
-        ("smooth", false, true, true),
-        ("smooth:calibrate=0:borrow=0", false, false, false),
-        ("fcfs", false, false, false),
-    ];
-    for (scheduler, feed, wait, borrow) in cases {
+async fn smooth_exports_its_doors_view() {
+    for (scheduler, door) in [("smooth", true), ("smooth:chunk=0", true), ("smooth:door=0", false), ("fcfs", false)] {
         let s = Server::start(&["--scheduler", scheduler]);
         let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": "Count:", "max_tokens": 4, "ignore_eos": true})).await;
         assert_eq!(st, 200, "{scheduler}: {v}");
         let text = reqwest::get(s.url("/metrics")).await.unwrap().text().await.unwrap();
         let gauge = |name: &str| text.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        let scale = gauge("pace_feed_limit_scale");
-        if feed {
-            assert!(scale.is_some_and(|x| (0.5..=2.0).contains(&x)), "{scheduler}: pace_feed_limit_scale {scale:?}");
-        } else {
-            assert_eq!(scale, None, "{scheduler}: no feedback, no scale");
+        assert_eq!(gauge("pace_sustained_overload"), door.then_some(0.0), "{scheduler}");
+        assert_eq!(gauge("pace_door_returns_total"), door.then_some(0.0), "{scheduler}");
+        for gone in ["pace_feed_limit_scale", "pace_queue_wait_scale", "pace_borrowed_starts_total"] {
+            assert_eq!(gauge(gone), None, "{scheduler}: {gone}");
         }
-        // One request that did not wait: nothing learned yet.
-        assert_eq!(gauge("pace_queue_wait_scale"), wait.then_some(1.0), "{scheduler}");
-        assert_eq!(gauge("pace_sustained_overload"), borrow.then_some(0.0), "{scheduler}");
-        assert_eq!(gauge("pace_borrowed_starts_total"), borrow.then_some(0.0), "{scheduler}");
     }
 }
 
@@ -253,7 +242,9 @@ async fn a_panic_in_the_engine_loop_answers_then_exits_non_zero() {
 async fn sigterm_stops_accepting_drains_in_flight_and_exits_zero() {
     let s = Server::start(&["--scheduler", "fcfs", "--drain-timeout", "60"]);
     let url = s.url("/v1/chat/completions");
-    let inflight = tokio::spawn(async move { stream(&url, &json!({"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 40, "ignore_eos": true, "stream": true})).await });
+    let inflight = tokio::spawn(async move {
+        stream(&url, &json!({"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 40, "ignore_eos": true, "stream": true})).await
+    });
     // Wait until it is running, then SIGTERM.
     eventually(&s, 30, "the request starts", |t| common::metric_value(t, "pace_num_requests_running", &[]) >= 1.0).await;
     s.signal(libc::SIGTERM);
@@ -282,7 +273,8 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
         let url = s.url("/v1/completions");
         async move {
             let sent = t_start.elapsed().as_secs_f64();
-            let (st, frames) = stream(&url, &json!({"prompt": format!("Item {i}:"), "max_tokens": tokens, "ignore_eos": true, "stream": true, "logprobs": 0})).await;
+            let (st, frames) =
+                stream(&url, &json!({"prompt": format!("Item {i}:"), "max_tokens": tokens, "ignore_eos": true, "stream": true, "logprobs": 0})).await;
             assert_eq!(st, 200);
             // Each frame lists the tokens it carries (logprobs.tokens); they share its time.
             let mut times = Vec::new();
@@ -303,7 +295,12 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     assert_eq!(m("pace_generation_tokens_total"), (n_req * tokens) as f64);
     assert_eq!(m("pace_inter_token_latency_seconds_count"), (n_req * (tokens - 1)) as f64);
     assert_eq!(m("pace_token_lateness_seconds_count"), (n_req * tokens) as f64);
-    for per_request in ["pace_request_prefill_time_seconds", "pace_request_decode_time_seconds", "pace_request_inference_time_seconds", "pace_request_time_per_output_token_seconds"] {
+    for per_request in [
+        "pace_request_prefill_time_seconds",
+        "pace_request_decode_time_seconds",
+        "pace_request_inference_time_seconds",
+        "pace_request_time_per_output_token_seconds",
+    ] {
         assert_eq!(m(&format!("{per_request}_count")), n_req as f64, "{per_request}");
     }
     // Inference time is prefill plus decode, request by request, so their sums add up too.
@@ -330,10 +327,17 @@ async fn metrics_match_the_workload_and_the_clients_measurements() {
     // The client's view through the same slo module: its attainment equals the server's gauge
     // (both see every request pass with these loose thresholds) and its smooth goodput per
     // request is close (server and client stamp the same frames, microseconds apart).
-    let params = SloParams { alpha: 2.5, penalty: Penalty::Linear, binary: "ttft:30000 tpot:2000".parse::<BinarySlo>().unwrap(), default_class: SloClass::default() };
+    let params =
+        SloParams { alpha: 2.5, penalty: Penalty::Linear, binary: "ttft:30000 tpot:2000".parse::<BinarySlo>().unwrap(), default_class: SloClass::default() };
     let records: Vec<RequestRecord> = results
         .iter()
-        .map(|(sent, times)| RequestRecord { arrival: *sent, token_times: times.clone(), outcome: Outcome::Completed, end: *times.last().unwrap(), class: SloClass::default() })
+        .map(|(sent, times)| RequestRecord {
+            arrival: *sent,
+            token_times: times.clone(),
+            outcome: Outcome::Completed,
+            end: *times.last().unwrap(),
+            class: SloClass::default(),
+        })
         .collect();
     let client = WindowStats::compute(&records, 0.0, 1e9, &params);
     assert_eq!(m("pace_slo_attainment_ratio"), client.attainment);

@@ -6,16 +6,10 @@
 //! requests may be preempted. The shared mechanism in [`crate::Scheduler`] carries them out
 //! (allocation, budget limits, preemption, bookkeeping) and never asks which policy runs.
 
-mod ablations;
 mod drop_late;
 mod fcfs;
-mod feed_control;
-mod offered;
-mod population;
 mod smooth;
-mod wait_calibration;
 
-pub use ablations::{FcfsAdmission, Sarathi};
 pub use drop_late::DropLate;
 pub use fcfs::Fcfs;
 pub use smooth::{Smooth, SmoothConfig};
@@ -81,28 +75,6 @@ impl SeqView {
     pub fn remaining_output(&self) -> usize {
         self.max_output.saturating_sub(self.num_output)
     }
-
-    /// A request that arrived at `arrival` with a `prompt`-token prompt and has not started
-    /// (default class, room for `max_output` tokens): the policies' unit tests build on it.
-    #[cfg(test)]
-    pub(crate) fn waiting(id: RequestId, arrival: f64, prompt: usize, max_output: usize) -> Self {
-        SeqView {
-            id,
-            arrival,
-            class: SloClass::default(),
-            prompt_len: prompt,
-            cached_prompt: 0,
-            num_tokens: prompt,
-            num_computed: 0,
-            num_output: 0,
-            max_output,
-            blocks_held: 0,
-            first_token_time: None,
-            last_token_time: None,
-            max_lateness: 0.0,
-            num_preemptions: 0,
-        }
-    }
 }
 
 /// What a policy sees.
@@ -136,6 +108,8 @@ pub struct PolicyContext<'a> {
     pub last_end: f64,
     /// Requests ended so far (the count behind [`Self::last_end`]).
     pub ends: u64,
+    /// Requests that ran to their end (stop or length) so far.
+    pub completed: u64,
     /// Metric parameters.
     pub slo: &'a SloParams,
 }
@@ -174,6 +148,9 @@ pub struct Decisions {
     pub grants: Vec<Grant>,
     /// Running requests that may be preempted, first choice first.
     pub victims: Vec<RequestId>,
+    /// What the policy's door has seen and done so far (smooth's; `None` for a policy that
+    /// refuses nothing of its own), reported with the scheduler's stats.
+    pub door: Option<DoorStats>,
 }
 
 impl Decisions {
@@ -182,7 +159,27 @@ impl Decisions {
         self.drop.clear();
         self.grants.clear();
         self.victims.clear();
+        self.door = None;
     }
+}
+
+/// What smooth's door has seen and done (docs/scheduler.md, rule 1), counted since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DoorStats {
+    /// Whether the latest arrival found the demand over what the batch serves (sustained
+    /// overload).
+    pub overloaded: bool,
+    /// Arrivals judged.
+    pub arrivals: u64,
+    /// Of those, the ones that found the demand over capacity.
+    pub overloaded_arrivals: u64,
+    /// Arrivals within moments of the end of another request (finished, left or refused):
+    /// closed-loop clients answering it, not counted as new demand.
+    pub returns: u64,
+    /// Refused as worth less than nothing queued (rule 1a).
+    pub refused_worthless: u64,
+    /// Refused for the wait they would add under sustained overload (rule 1b).
+    pub refused_overload: u64,
 }
 
 /// A scheduling policy. Implementations decide; they never allocate blocks or touch requests.
@@ -196,114 +193,40 @@ pub trait Policy: Send {
 
     /// Decide one step.
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions);
-
-    /// The scale its feed limit has learned from what its running streams got (smooth's
-    /// [`SmoothConfig::feed_target`]); `None` for a policy without one.
-    fn feed_scale(&self) -> Option<f64> {
-        None
-    }
-
-    /// What its door multiplies its predicted waits by, learned from the starts that followed
-    /// (smooth's [`SmoothConfig::calibrate`]); `None` for a policy without one.
-    fn wait_scale(&self) -> Option<f64> {
-        None
-    }
-
-    /// What its borrowing from the readers' buffers did (smooth's [`SmoothConfig::borrow`]);
-    /// `None` for a policy that does not borrow.
-    fn borrowing(&self) -> Option<Borrowing> {
-        None
-    }
-
-    /// Moves into `out` the door's predicted over actual waits of the requests that started
-    /// since the last call (smooth's [`SmoothConfig::calibrate`]; the raw prediction, before the
-    /// scale).
-    fn drain_wait_errors(&mut self, _out: &mut Vec<f64>) {}
 }
 
-/// What smooth's borrowing from the readers' buffers did ([`SmoothConfig::borrow`]): it starts
-/// a waiting request past the feed limit on the running streams' buffers, only outside
-/// sustained overload.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Borrowing {
-    /// Whether the door judged the latest arrival's offered load a sustained overload.
-    pub overloaded: bool,
-    /// Arrivals the door has judged, so far.
-    pub arrivals: u64,
-    /// Of those, the ones it judged under sustained overload.
-    pub overloaded_arrivals: u64,
-    /// Waiting requests started past the feed limit on the buffers, so far.
-    pub starts: u64,
-}
+/// Every policy [`by_name`] accepts by a plain name: `smooth`, `fcfs` (the vLLM-style baseline)
+/// and `drop-late` (what binary goodput rewards).
+pub const ALL_POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
 
-/// Every name [`by_name`] accepts, the one list of them: the policies (`smooth`, `fcfs`, the
-/// baseline, and `drop-late`), then the ablations, experimental, each isolating one part of
-/// smooth's gain (evaluation.md, point 9):
-/// - `smooth-no-admission`: smooth's step planning, admitting everything;
-/// - `smooth-no-feed-limit`: smooth starting whatever fits the batch, not only what it can keep
-///   at its readers' rates (its door still predicts with the limit);
-/// - `fcfs-admission`: fcfs's steps behind smooth's admission;
-/// - `sarathi`: fcfs with a per-step token budget, the largest whose predicted step time keeps
-///   every running stream at its reading rate (Sarathi-Serve's stall-free budget, derived from
-///   the readers instead of a fixed TBT target).
-pub const ALL_POLICY_NAMES: [&str; 7] =
-    ["smooth", "fcfs", "drop-late", "smooth-no-admission", "smooth-no-feed-limit", "fcfs-admission", "sarathi"];
+/// smooth's configuration keys (`smooth:KEY=VALUE:...`, see [`by_name`]): its four rules, each
+/// switched off by 0 for an ablation, and the door's two quantities.
+pub const SMOOTH_KEYS: [&str; 6] = ["door", "feed", "chunk", "order", "max_loss", "window_s"];
 
-/// smooth's constants that a name can set (`smooth:KEY=VALUE:...`, see [`by_name`]).
-pub const SMOOTH_KEYS: [&str; 17] = [
-    "horizon_steps",
-    "admit_max_loss",
-    "starvation_s",
-    "min_chunk_fraction",
-    "feed_quantile",
-    "race",
-    "capped_slack",
-    "end_by_benefit",
-    "displace",
-    "feed_target",
-    "sustained",
-    "race_all",
-    "door_patience",
-    "externality",
-    "calibrate",
-    "queue_places",
-    "borrow",
-];
-
-/// smooth with some of its constants set: `KEY=VALUE` pairs separated by `:` (keys in
-/// [`SMOOTH_KEYS`]; fractions in `[0, 1]`, the others finite and non-negative). `None` if any
-/// pair is not one of those.
+/// smooth with some of its configuration set: `KEY=VALUE` pairs separated by `:` (keys in
+/// [`SMOOTH_KEYS`]; the rules 0 or 1, `max_loss` in `[0, 1]`, `window_s` positive). `None` if
+/// any pair is not one of those.
 pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
     let mut c = SmoothConfig::default();
     for kv in spec.split(':') {
         let (k, v) = kv.split_once('=')?;
         let v = v.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?;
+        let flag = || (v == 0.0 || v == 1.0).then_some(v == 1.0);
         match k.trim() {
-            "horizon_steps" => c.horizon_steps = v,
-            "admit_max_loss" => c.admit_max_loss = v,
-            "starvation_s" => c.starvation_s = v,
-            "min_chunk_fraction" if v <= 1.0 => c.min_chunk_fraction = v,
-            "feed_quantile" if v <= 1.0 => c.feed_quantile = v,
-            "race" => c.race = v > 0.0,
-            "capped_slack" if v >= 1.0 => c.capped_slack = v,
-            "end_by_benefit" => c.end_by_benefit = v > 0.0,
-            "displace" => c.displace = v > 0.0,
-            "feed_target" => c.feed_target = v,
-            "sustained" => c.sustained = v > 0.0,
-            "race_all" => c.race_all = v > 0.0,
-            "door_patience" => c.door_patience = v > 0.0,
-            "externality" => c.externality = v > 0.0,
-            "calibrate" => c.calibrate = v > 0.0,
-            "queue_places" => c.queue_places = v,
-            "borrow" => c.borrow = v > 0.0,
+            "door" => c.door = flag()?,
+            "feed" => c.feed = flag()?,
+            "chunk" => c.chunk = flag()?,
+            "order" => c.order = flag()?,
+            "max_loss" if v <= 1.0 => c.max_loss = v,
+            "window_s" if v > 0.0 => c.window_s = v,
             _ => return None,
         }
     }
     Some(c)
 }
 
-/// A policy by name: one of [`ALL_POLICY_NAMES`], or smooth with some of its constants set, for
-/// ablating them: `smooth:admit_max_loss=0.05:feed_quantile=0.75` ([`smooth_variant`]).
+/// A policy by name: one of [`ALL_POLICY_NAMES`], or smooth with some of its configuration set
+/// (`smooth:door=0`, `smooth:max_loss=0.05:window_s=30`; [`smooth_variant`]).
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     if let Some(spec) = name.strip_prefix("smooth:") {
         return smooth_variant(spec).map(|c| Box::new(Smooth::new(c)) as Box<dyn Policy>);
@@ -312,10 +235,6 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
         "smooth" => Some(Box::new(Smooth::new(SmoothConfig::default()))),
         "fcfs" => Some(Box::new(Fcfs::new())),
         "drop-late" => Some(Box::new(DropLate::new())),
-        "smooth-no-admission" => Some(Box::new(Smooth::new(SmoothConfig { admission: false, ..SmoothConfig::default() }))),
-        "smooth-no-feed-limit" => Some(Box::new(Smooth::new(SmoothConfig { feed_limit: false, ..SmoothConfig::default() }))),
-        "fcfs-admission" => Some(Box::new(FcfsAdmission::new())),
-        "sarathi" => Some(Box::new(Sarathi::new())),
         _ => None,
     }
 }
@@ -339,11 +258,11 @@ mod tests {
 
     #[test]
     fn smooth_variants_set_constants_and_nothing_else_parses() {
-        let c = smooth_variant("admit_max_loss=0.05:feed_quantile=0.75").unwrap();
-        assert_eq!((c.admit_max_loss, c.feed_quantile), (0.05, 0.75));
-        assert_eq!(c.horizon_steps, SmoothConfig::default().horizon_steps);
-        assert!(by_name("smooth:starvation_s=5").is_some());
-        for bad in ["smooth:", "smooth:feed_quantile=1.5", "smooth:admit_max_loss=-1", "smooth:nope=1", "smooth:admit_max_loss=nan", "fcfs:x=1"] {
+        let c = smooth_variant("max_loss=0.05:door=0").unwrap();
+        assert_eq!((c.max_loss, c.door), (0.05, false));
+        assert_eq!((c.feed, c.chunk, c.order, c.window_s), (true, true, true, SmoothConfig::default().window_s));
+        assert!(by_name("smooth:window_s=5").is_some());
+        for bad in ["smooth:", "smooth:max_loss=1.5", "smooth:door=0.5", "smooth:window_s=0", "smooth:nope=1", "smooth:max_loss=nan", "fcfs:x=1"] {
             assert!(by_name(bad).is_none(), "{bad}");
             assert!(parse_name(bad).is_err());
         }

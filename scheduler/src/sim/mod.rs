@@ -161,10 +161,10 @@ pub struct Evaluation {
     pub wasted_tokens_frac: f64,
     /// Preemptions in the whole run.
     pub preempted: u64,
-    /// Requests smooth started past its feed limit on the readers' buffers, whole run (0 for
-    /// a policy that does not borrow).
+    /// Arrivals smooth's door took for clients answering a refusal (not new demand), whole run
+    /// (0 for a policy without a door).
     #[serde(default)]
-    pub borrowed_starts: u64,
+    pub door_returns: u64,
     /// Arrivals smooth's door judged under sustained overload over the arrivals it judged,
     /// whole run (0 as above).
     #[serde(default)]
@@ -235,8 +235,8 @@ impl SimResult {
             delivered_tps: delivered_rate(&self.records, self.window.0, self.window.1),
             wasted_tokens_frac: if work_all > 0 { work_left as f64 / work_all as f64 } else { 0.0 },
             preempted: self.stats.preemptions,
-            borrowed_starts: self.stats.borrowing.map_or(0, |b| b.starts),
-            overloaded_frac: self.stats.borrowing.map_or(0.0, |b| b.overloaded_arrivals as f64 / b.arrivals.max(1) as f64),
+            door_returns: self.stats.door.map_or(0, |b| b.returns),
+            overloaded_frac: self.stats.door.map_or(0.0, |b| b.overloaded_arrivals as f64 / b.arrivals.max(1) as f64),
             steps: self.steps,
             offered_by_weight,
             by_priority,

@@ -252,9 +252,6 @@ impl EngineLoop {
         for &e in &report.length_errors {
             metrics::record_length_error(e);
         }
-        for &e in &report.wait_errors {
-            metrics::record_wait_error(e);
-        }
         for ev in report.events {
             self.dispatch(ev);
         }

@@ -38,7 +38,6 @@ const STEP: &str = "pace_step_duration_seconds";
 const STEP_TOKENS: &str = "pace_iteration_tokens_total";
 const STEP_ERROR: &str = "pace_step_time_prediction_error_ratio";
 const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
-const WAIT_ERROR: &str = "pace_queue_wait_prediction_error_ratio";
 const GRAMMAR_COMPILE: &str = "pace_structured_output_compile_seconds";
 
 /// Finish reasons as exported (`finished_reason` label values).
@@ -187,7 +186,6 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
         .set_buckets_for_metric(Matcher::Full(STEP.into()), &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12])?
         .set_buckets_for_metric(Matcher::Full(STEP_ERROR.into()), &ratio)?
         .set_buckets_for_metric(Matcher::Full(LENGTH_ERROR.into()), &ratio)?
-        .set_buckets_for_metric(Matcher::Full(WAIT_ERROR.into()), &[0.125, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0])?
         .set_buckets_for_metric(Matcher::Full(GRAMMAR_COMPILE.into()), &[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])?
         .install_recorder()?;
     describe();
@@ -245,24 +243,14 @@ fn describe() {
     describe_gauge!("pace_inflight_max_idle_latency_seconds", "Largest idle latency among requests still streaming.");
     describe_gauge!("pace_num_requests_running", "Requests in the running batch.");
     describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
-    describe_histogram!(
-        WAIT_ERROR,
-        Unit::Count,
-        "smooth: its door's predicted wait for a place in the batch over the actual one, for admitted requests predicted to wait (the raw prediction, before pace_queue_wait_scale)."
-    );
-    describe_gauge!(
-        "pace_queue_wait_scale",
-        "smooth: what its door multiplies its predicted waits by, the latest admitted requests' actual over predicted waits (1: the prediction as it is)."
-    );
     describe_gauge!(
         "pace_sustained_overload",
-        "smooth: 1 while its door judges the work offered by the latest 400 arrivals more than its feed limit serves (it then holds the queue short and starts nothing on the readers' buffers), else 0."
+        "smooth: 1 while its door finds the work offered over the last window (clients answering a refusal left out) more than the batch serves at its readers' rates, so that it refuses requests that would wait; else 0."
     );
     describe_counter!(
-        "pace_borrowed_starts_total",
-        "smooth: waiting requests started past its feed limit while the running streams' buffers, beyond the plan's horizon, covered the excess."
+        "pace_door_returns_total",
+        "smooth: arrivals within moments of the end of another request (finished, left or refused), taken as closed-loop clients answering it and not counted as new demand."
     );
-    describe_gauge!("pace_feed_limit_scale", "smooth: the scale its feed limit learned from the tokens its running streams got against what their readers read (1: the cost model's own limit).");
     describe_gauge!("pace_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0 to 1, as vLLM's kv_cache_usage_perc).");
     describe_gauge!("pace_cache_config_info", "The KV cache's configuration, as labels (value 1).");
     describe_counter!("pace_requests_total", "Every request that ended, by finish reason: rejected and failed ones included.");
@@ -343,13 +331,6 @@ pub fn record_length_error(ratio: f64) {
     }
 }
 
-/// smooth's door on one request it predicted to wait for a place (predicted over actual wait).
-pub fn record_wait_error(ratio: f64) {
-    if ratio.is_finite() && ratio > 0.0 {
-        histogram!(WAIT_ERROR).record(ratio);
-    }
-}
-
 /// Engine load after a step.
 pub fn publish_engine(s: &SchedulerStats) {
     gauge!("pace_num_requests_running").set(s.running as f64);
@@ -359,15 +340,9 @@ pub fn publish_engine(s: &SchedulerStats) {
     counter!("pace_num_preemptions_total").absolute(s.preemptions);
     counter!("pace_prefix_cache_queries_total").absolute(s.prefix_cache_queries);
     counter!("pace_prefix_cache_hits_total").absolute(s.prefix_cache_hits);
-    if let Some(scale) = s.feed_limit_scale {
-        gauge!("pace_feed_limit_scale").set(scale);
-    }
-    if let Some(scale) = s.queue_wait_scale {
-        gauge!("pace_queue_wait_scale").set(scale);
-    }
-    if let Some(b) = s.borrowing {
-        gauge!("pace_sustained_overload").set(f64::from(u8::from(b.overloaded)));
-        counter!("pace_borrowed_starts_total").absolute(b.starts);
+    if let Some(door) = s.door {
+        gauge!("pace_sustained_overload").set(f64::from(u8::from(door.overloaded)));
+        counter!("pace_door_returns_total").absolute(door.returns);
     }
 }
 

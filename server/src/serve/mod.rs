@@ -43,9 +43,9 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8000, env = "PACE_PORT")]
     pub port: u16,
-    /// Scheduling policy: smooth, fcfs (vLLM-style) or drop-late. Experimental ablations of
-    /// smooth, for A/B runs: smooth-no-admission, smooth-no-feed-limit, fcfs-admission, sarathi,
-    /// and smooth:KEY=VALUE[:...] with some of its constants set (ARCHITECTURE.md).
+    /// Scheduling policy: smooth, fcfs (vLLM-style) or drop-late; for A/B runs, smooth with some of
+    /// its configuration set: smooth:KEY=VALUE[:...] with KEY one of door, feed, chunk, order (0
+    /// switches that rule off), max_loss, window_s (docs/scheduler.md).
     #[arg(long, visible_alias = "scheduling-policy", default_value = "smooth", value_parser = pace_scheduler::policy::parse_name, env = "PACE_SCHEDULER")]
     pub scheduler: String,
     /// Binary SLO (drop-late, attainment and goodput gauges; default `ttft:2000 tpot:100`) and the

@@ -38,11 +38,7 @@ impl Server {
                 cmd.args([flag, default]);
             }
         }
-        cmd.args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().unwrap())
-            .stderr(logf);
+        cmd.args(args).env("RUST_LOG", "info").stdin(Stdio::null()).stdout(logf.try_clone().unwrap()).stderr(logf);
         // The server dies with the test process even when a test panics.
         #[cfg(target_os = "linux")]
         unsafe {

@@ -15,8 +15,24 @@ pub fn check(v: &Value, schema: &Value) -> Result<(), String> {
 fn check_in(v: &Value, s: &Value, root: &Value, at: &str) -> Result<(), String> {
     let o = s.as_object().ok_or_else(|| format!("{at}: schema {s} is not an object"))?;
     const KNOWN: [&str; 18] = [
-        "type", "enum", "const", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "minLength",
-        "maxLength", "minimum", "maximum", "anyOf", "$ref", "$defs", "description", "title",
+        "type",
+        "enum",
+        "const",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "anyOf",
+        "$ref",
+        "$defs",
+        "description",
+        "title",
     ];
     if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(format!("{at}: the checker does not know keyword {k}"));
