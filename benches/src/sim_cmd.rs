@@ -848,13 +848,13 @@ mod tests {
 
         // A priority mix: per-priority rows in the JSON and the report; ablated constants by name.
         let dir = std::env::temp_dir().join(format!("pace-sim-test-prio-{}", std::process::id()));
-        let mix = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "smooth:admit_max_loss=0.05,fcfs",
+        let mix = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "smooth:max_loss=0.05,fcfs",
             "--load-factors", "1.5", "--num-requests", "200", "--seed", "1", "--priority-mix", "0.25:-2",
             "--out", dir.to_str().unwrap(), "--json"]).unwrap();
         run(&mix.sim).unwrap();
         let line: serde_json::Value =
             serde_json::from_str(std::fs::read_to_string(dir.join("summary.jsonl")).unwrap().lines().next().unwrap()).unwrap();
-        assert_eq!(line["policy"], "smooth:admit_max_loss=0.05");
+        assert_eq!(line["policy"], "smooth:max_loss=0.05");
         assert_eq!(line["priority_mix"], "0.25:-2");
         let prios: Vec<i64> = line["by_priority"].as_array().unwrap().iter().map(|p| p["priority"].as_i64().unwrap()).collect();
         assert_eq!(prios, vec![-2, 0]);

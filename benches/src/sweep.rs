@@ -247,7 +247,7 @@ impl PointSummary {
 }
 
 /// `s` as a file name: ASCII letters, digits, `.` and `-`, anything else `_`
-/// (`smooth:feed_quantile=0.75` -> `smooth_feed_quantile_0.75`).
+/// (`smooth:max_loss=0.05` -> `smooth_max_loss_0.05`).
 pub fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
 }

@@ -1,12 +1,22 @@
 //! `drop-late`: what binary goodput rewards.
 //!
-//! Exactly `fcfs`, plus: any request that has already missed its binary SLO is dropped to free
-//! its slot and blocks. Missed means: no first token and `now - arrival` past the TTFT limit;
-//! a TPOT that is over the limit for certain (see [`missed`]); or `now - arrival` past the E2E
-//! limit. With no binary SLO configured it behaves as `fcfs`.
+//! `fcfs`, plus two things binary goodput asks for under sustained overload:
+//! - any request that has missed its binary SLO, or that can no longer make its TTFT (waiting,
+//!   with less time left than its own prefill takes at a full step), is dropped to free its
+//!   slot and blocks. Missed means: no first token and `now - arrival` past the TTFT limit; a
+//!   TPOT that is over the limit for certain (see [`missed`]); or `now - arrival` past the E2E
+//!   limit;
+//! - with a TPOT limit, a waiting request starts only while the batch's predicted time per
+//!   output token with it (its decode step, plus the prefill its streams' replacements need per
+//!   step) stays within that limit: a batch past it makes every stream miss together (in long
+//!   overloaded runs fcfs's, and without this drop-late's, binary goodput fell to 0).
+//!
+//! With no binary SLO configured it behaves as `fcfs`.
 
 use super::fcfs::fcfs_plan;
+use super::smooth::prefill_per_token;
 use super::{Decisions, Policy, PolicyContext, SeqView};
+use crate::cost::StepShape;
 use crate::request::RejectReason;
 use crate::slo::BinarySlo;
 
@@ -51,8 +61,35 @@ impl Policy for DropLate {
     }
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
-        let late = |v: &SeqView| missed(v, &ctx.slo.binary, ctx.now);
+        let slo = &ctx.slo.binary;
+        // Its own prefill at full steps: a waiting request with less time than that left
+        // before its TTFT limit cannot make it.
+        let full = ctx.max_batch_tokens.max(1);
+        let step = ctx.cost.predict(&StepShape { prefill_tokens: full, kv_tokens: full, ..Default::default() });
+        let hopeless = |v: &SeqView| {
+            let own = v.uncomputed().div_ceil(full) as f64 * step;
+            v.first_token_time.is_none() && slo.ttft.is_some_and(|lim| ctx.now + own > v.arrival + lim)
+        };
+        let late = |v: &SeqView| missed(v, slo, ctx.now) || hopeless(v);
         out.drop.extend(ctx.running.iter().chain(ctx.waiting).filter(|v| late(v)).map(|v| v.id));
-        fcfs_plan(ctx, out, |v| !late(v));
+        // Starts only while the batch's time per output token stays within the TPOT limit: its
+        // decode step, plus the prefill its streams' replacements need per step (`kappa`
+        // seconds per output token, as smooth prices it).
+        let kappa = prefill_per_token(&ctx.cost.effective(), ctx, None);
+        let mut shape = StepShape::default();
+        for v in ctx.running {
+            shape.add_slice(v.num_tokens, 1);
+        }
+        let room = |v: &SeqView| {
+            let Some(lim) = slo.tpot else { return true };
+            let mut with = shape;
+            with.add_slice(v.num_tokens, 1);
+            let fits = shape.decode_seqs == 0 || ctx.cost.predict(&with) + with.decode_seqs as f64 * kappa <= lim;
+            if fits {
+                shape = with;
+            }
+            fits
+        };
+        fcfs_plan(ctx, out, |v| !late(v), room);
     }
 }

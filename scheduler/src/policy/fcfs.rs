@@ -29,12 +29,13 @@ impl Policy for Fcfs {
     }
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
-        fcfs_plan(ctx, out, |_| true);
+        fcfs_plan(ctx, out, |_| true, |_| true);
     }
 }
 
-/// The fcfs plan over the requests `keep` accepts (drop-late reuses it without its drops).
-pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl Fn(&SeqView) -> bool) {
+/// The fcfs plan over the requests `keep` accepts, starting waiting ones in queue order while
+/// `start` agrees (drop-late reuses it without its drops and within its TPOT room).
+pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl Fn(&SeqView) -> bool, mut start: impl FnMut(&SeqView) -> bool) {
     let grant = |v: &SeqView, may_preempt| Grant { id: v.id, tokens: v.uncomputed(), may_preempt };
     let live = |v: &&SeqView| v.uncomputed() > 0 && keep(v);
     out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, true)));
@@ -44,7 +45,7 @@ pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl
     let mut tokens = 0;
     let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
     for v in ctx.waiting.iter().filter(live) {
-        if tokens >= ctx.max_batch_tokens || slots == 0 {
+        if tokens >= ctx.max_batch_tokens || slots == 0 || !start(v) {
             break;
         }
         tokens += v.uncomputed();

@@ -232,7 +232,7 @@ fn prefill_secs(c: &CostCoeffs, v: &SeqView) -> f64 {
 /// in a steady state every finished stream is replaced by a newcomer whose prompt must be
 /// prefilled, so this is the prefill each output token carries. A ratio of sums, so one long
 /// prompt with a short answer raises everyone's share a little.
-fn prefill_per_token(c: &CostCoeffs, ctx: &PolicyContext<'_>, extra: Option<(&SeqView, f64)>) -> f64 {
+pub(super) fn prefill_per_token(c: &CostCoeffs, ctx: &PolicyContext<'_>, extra: Option<(&SeqView, f64)>) -> f64 {
     let (mut secs, mut tokens) = (0.0, 0.0);
     let known = ctx.running.iter().chain(ctx.waiting).map(|v| (v, ctx.expected_remaining(v)));
     for (v, rem) in known.chain(extra) {

@@ -240,21 +240,21 @@ fn blocks_shared_through_the_prefix_cache_count_once() {
     assert_eq!(started(&waiting(192)), 8);
 }
 
-/// The door's answer to a newcomer at `ctx`'s time after a minute in which new requests arrived
+/// The door's answer to a newcomer at `ctx`'s time after a minute and a half in which new requests arrived
 /// at `rate` a second and others ran to their ends at `ended` a second (each 40 tokens in, up to
 /// 1,000 out), in the same state.
 fn door_after(rate: f64, ended: f64, ctx: &PolicyContext<'_>) -> Result<(), (crate::request::RejectReason, f64)> {
     let mut s = Smooth::new(SmoothConfig::default());
     let mut c = *ctx;
-    let n = (61.0 * rate) as u64;
+    let n = (91.0 * rate) as u64;
     for i in 0..n {
         c.now = ctx.now - (n - i) as f64 / rate;
         // Ends well apart from arrivals: none is a client answering one.
-        (c.last_end, c.ends) = (c.now - 0.5, ((c.now - ctx.now + 61.0) * ended) as u64);
+        (c.last_end, c.ends) = (c.now - 0.5, ((c.now - ctx.now + 91.0) * ended) as u64);
         c.completed = c.ends;
         let _ = s.admit(&seq(2000 + i, c.now, 40, 0, 1.0), &c);
     }
-    (c.now, c.ends, c.completed) = (ctx.now, (60.0 * ended) as u64, (60.0 * ended) as u64);
+    (c.now, c.ends, c.completed) = (ctx.now, (91.0 * ended) as u64, (91.0 * ended) as u64);
     s.admit(&seq(1000, ctx.now, 40, 0, 1.0), &c)
 }
 

@@ -245,7 +245,7 @@ fn describe() {
     describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
     describe_gauge!(
         "pace_sustained_overload",
-        "smooth: 1 while its door finds the work offered over the last window (clients answering a refusal left out) more than the batch serves at its readers' rates, so that it refuses requests that would wait; else 0."
+        "smooth: 1 while its door judges the overload sustained: over its window (60 s) more new requests arrived than ran to their ends (closed-loop clients answering an end are not new demand); it then refuses requests that would wait behind others for more than a small share of their value. Else 0."
     );
     describe_counter!(
         "pace_door_returns_total",

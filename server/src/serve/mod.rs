@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// request of priority p weighs 2^-p in smooth goodput and in the smooth scheduler.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true, env = "PACE_DEFAULT_PRIORITY")]
     pub default_priority: i64,
+    /// The reading rates (tokens per second) a request may ask for with `reading_rate`, as
+    /// MIN,MAX: a rate outside is clamped into it, so one client cannot take capacity from the
+    /// others by claiming a reader faster than any person (smooth feeds each stream at its rate).
+    #[arg(long, default_value = "1,50", value_parser = parse_rate_range, env = "PACE_READING_RATE_RANGE")]
+    pub reading_rate_range: (f64, f64),
     /// Most requests waiting for admission; beyond it new requests get 429.
     #[arg(long, default_value_t = 512, env = "PACE_MAX_QUEUE_REQUESTS")]
     pub max_queue_requests: usize,
@@ -216,6 +221,16 @@ pub fn in_process(args: &ServeArgs) -> Result<Arc<AppState>> {
     Ok(state)
 }
 
+/// `--reading-rate-range MIN,MAX`: positive, finite, MIN <= MAX.
+fn parse_rate_range(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(',').ok_or("expected MIN,MAX (tokens per second)")?;
+    let parse = |v: &str| v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0);
+    match (parse(a), parse(b)) {
+        (Some(lo), Some(hi)) if lo <= hi => Ok((lo, hi)),
+        _ => Err(format!("`{s}`: expected MIN,MAX with 0 < MIN <= MAX (tokens per second)")),
+    }
+}
+
 /// Checks the flags and builds the shared state (phase `Loading`) and the metrics recorder.
 fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let source = ModelSource::parse(args.engine.model.as_deref())?;
@@ -247,6 +262,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
         max_logprobs: args.max_logprobs,
         max_prompts: 64,
         default_class: slo.default_class,
+        reading_rate_range: args.reading_rate_range,
         max_queue_requests: args.max_queue_requests.max(1),
         drain_timeout_s: args.drain_timeout,
         unhealthy_after_failures: 3,
@@ -494,5 +510,19 @@ mod tests {
         let a = Cli::try_parse_from(["serve", "--log-level", "debug", "--disable-log-requests"]).unwrap().serve;
         assert_eq!((a.log_level, a.disable_log_requests), (LogLevel::Debug, true));
         assert!(Cli::try_parse_from(["serve", "--log-level", "loud"]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod reading_rate_range_tests {
+    use super::parse_rate_range;
+
+    #[test]
+    fn the_range_is_positive_finite_and_ordered() {
+        assert_eq!(parse_rate_range("1,50"), Ok((1.0, 50.0)));
+        assert_eq!(parse_rate_range(" 2.5 , 2.5 "), Ok((2.5, 2.5)));
+        for bad in ["", "5", "0,5", "-1,5", "5,1", "1,inf", "1,nan", "a,b"] {
+            assert!(parse_rate_range(bad).is_err(), "{bad}");
+        }
     }
 }

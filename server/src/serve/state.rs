@@ -40,6 +40,8 @@ pub struct ServeConfig {
     pub max_prompts: usize,
     /// Default reading class.
     pub default_class: SloClass,
+    /// The reading rates a request may set (`--reading-rate-range`); others are clamped into it.
+    pub reading_rate_range: (f64, f64),
     /// Queue bounds, checked before tokenizing (cheap pre-check; the scheduler checks again).
     pub max_queue_requests: usize,
     /// Seconds to wait for in-flight requests after SIGTERM.

@@ -428,7 +428,9 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
             return Err(ApiError::param("logprobs", format!("at most {} logprobs are allowed, got {lp}", cfg.max_logprobs)));
         }
     }
-    let reading_rate = in_range("reading_rate", c.reading_rate, 0.0, 1e6, true)?.unwrap_or(cfg.default_class.reading_rate);
+    // Clamped into the operator's range: one client's claim shapes what smooth gives everyone.
+    let (lo, hi) = cfg.reading_rate_range;
+    let reading_rate = in_range("reading_rate", c.reading_rate, 0.0, 1e6, true)?.map_or(cfg.default_class.reading_rate, |r| r.clamp(lo, hi));
     let grace = in_range("ttft_grace", c.ttft_grace, 0.0, 3600.0, false)?.unwrap_or(cfg.default_class.grace);
     let weight = match c.priority {
         None => cfg.default_class.weight,
