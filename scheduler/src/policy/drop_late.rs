@@ -62,12 +62,13 @@ impl Policy for DropLate {
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
         let slo = &ctx.slo.binary;
-        // Its own prefill at full steps: a waiting request with less time than that left
-        // before its TTFT limit cannot make it.
+        // Its own prefill, in chunks of the token budget: a waiting request with less time than
+        // that left before its TTFT limit cannot make it.
         let full = ctx.max_batch_tokens.max(1);
-        let step = ctx.cost.predict(&StepShape { prefill_tokens: full, kv_tokens: full, ..Default::default() });
+        let prefill = |n: usize| ctx.cost.predict(&StepShape { prefill_tokens: n, kv_tokens: n, ..Default::default() });
         let hopeless = |v: &SeqView| {
-            let own = v.uncomputed().div_ceil(full) as f64 * step;
+            let n = v.uncomputed();
+            let own = (n / full) as f64 * prefill(full) + prefill(n % full);
             v.first_token_time.is_none() && slo.ttft.is_some_and(|lim| ctx.now + own > v.arrival + lim)
         };
         let late = |v: &SeqView| missed(v, slo, ctx.now) || hopeless(v);
