@@ -76,9 +76,7 @@ fn bench_matmul(c: &mut Criterion) {
                 let x = rand_vec(t * k, 4);
                 let mut y = vec![0f32; t * n];
                 g.throughput(Throughput::Elements((2 * t * k * n) as u64));
-                g.bench_function(BenchmarkId::new(format!("{format:?}/{name}/{k}x{n}"), format!("t={t}")), |b| {
-                    b.iter(|| matmul(&w, black_box(&x), t, &mut y))
-                });
+                g.bench_function(BenchmarkId::new(format!("{format:?}/{name}/{k}x{n}"), format!("t={t}")), |b| b.iter(|| matmul(&w, black_box(&x), t, &mut y)));
             }
         }
     }

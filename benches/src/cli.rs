@@ -325,19 +325,11 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
     };
     let seed = w.seed.unwrap_or_else(rand::random);
     let spec = match w.dataset_name.as_str() {
-        "random" => DatasetSpec::Random {
-            input_len: w.random_input_len,
-            output_len: w.random_output_len,
-            range_ratio: w.random_range_ratio,
-        },
-        "sharegpt" => DatasetSpec::ShareGpt {
-            path: w.dataset_path.clone().context("--dataset-name sharegpt needs --dataset-path")?,
-            output_len: w.sharegpt_output_len,
-        },
-        _ => DatasetSpec::Jsonl {
-            path: w.dataset_path.clone().context("--dataset-name jsonl needs --dataset-path")?,
-            default_output_len: w.random_output_len,
-        },
+        "random" => DatasetSpec::Random { input_len: w.random_input_len, output_len: w.random_output_len, range_ratio: w.random_range_ratio },
+        "sharegpt" => {
+            DatasetSpec::ShareGpt { path: w.dataset_path.clone().context("--dataset-name sharegpt needs --dataset-path")?, output_len: w.sharegpt_output_len }
+        }
+        _ => DatasetSpec::Jsonl { path: w.dataset_path.clone().context("--dataset-name jsonl needs --dataset-path")?, default_output_len: w.random_output_len },
     };
     let tokenizer = load_tokenizer(w.tokenizer.as_deref())?;
     let tokenizer_id = w.tokenizer.as_ref().map_or("default model (SmolLM2-135M-Instruct)".to_string(), |p| p.display().to_string());
@@ -402,8 +394,7 @@ pub fn prepare(w: &WorkloadArgs, endpoint_api: Api) -> Result<Prepared> {
 }
 
 fn api_of(endpoint: &str) -> Api {
-    Target { label: String::new(), base_url: String::new(), endpoint: endpoint.into(), model: String::new(), api_key: None, max_model_len: None }
-        .api()
+    Target { label: String::new(), base_url: String::new(), endpoint: endpoint.into(), model: String::new(), api_key: None, max_model_len: None }.api()
 }
 
 async fn target(client: &reqwest::Client, label: &str, base_url: &str, w: &WorkloadArgs) -> Result<Target> {
@@ -466,13 +457,7 @@ pub async fn serve(a: &ServeArgs) -> Result<crate::report::BenchResult> {
     eprintln!("{}; offered {} req/s", p.desc, a.request_rate);
     let workload = workload_for(&t, &p.prompts, process.schedule(p.prompts.len(), p.seed), p.max_tokens_rule, &p.patience, &p.priority);
     let run = run_load(&client, &t, &workload, &p.options).await;
-    let info = RunInfo {
-        label: t.label.clone(),
-        url: t.url(),
-        model_id: t.model.clone(),
-        request_rate: a.request_rate,
-        ..p.info
-    };
+    let info = RunInfo { label: t.label.clone(), url: t.url(), model_id: t.model.clone(), request_rate: a.request_rate, ..p.info };
     let result = summarize(&run, &info);
     print!("{}", table(&result));
     if a.save_result {
@@ -591,12 +576,7 @@ fn ab_title(series: &[(String, Vec<PointSummary>)]) -> String {
 /// `rotate` places into that list and wrapping round, so that repeats can counterbalance the
 /// order: a machine whose speed drifts over a repeat would otherwise always favour the same
 /// target. The series come back in the listed order, with the labels in the order they ran.
-async fn ab_once(
-    a: &AbArgs,
-    w: &WorkloadArgs,
-    dir: &std::path::Path,
-    rotate: usize,
-) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>, Vec<String>)> {
+async fn ab_once(a: &AbArgs, w: &WorkloadArgs, dir: &std::path::Path, rotate: usize) -> Result<(SweepSpec, Vec<(String, Vec<PointSummary>)>, Vec<String>)> {
     let spec = sweep_spec(&a.loads, prepare(w, api_of(&w.endpoint))?)?;
     let client = http_client(256)?;
     let cfg = serve_config(a, dir)?;

@@ -278,11 +278,7 @@ impl Exchange {
         let status = resp.status();
         self.status = Some(status.as_u16());
         if !status.is_success() {
-            self.retry_after = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<f64>().ok());
+            self.retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<f64>().ok());
             let mut body = Vec::new();
             while let Ok(Some(chunk)) = resp.chunk().await {
                 body.extend_from_slice(&chunk);
@@ -372,11 +368,7 @@ impl Exchange {
 
 /// The HTTP client of a run: no overall timeout (the run's limits bound it), small connect timeout.
 pub fn http_client(max_connections: usize) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(max_connections)
-        .tcp_nodelay(true)
-        .build()?)
+    Ok(reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).pool_max_idle_per_host(max_connections).tcp_nodelay(true).build()?)
 }
 
 /// The first model a server lists on `/v1/models`, and its `max_model_len` when the server
@@ -389,10 +381,6 @@ pub async fn first_model(client: &reqwest::Client, base_url: &str, api_key: Opti
     }
     let resp = req.send().await.map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
     let v: Value = serde_json::from_slice(&resp.bytes().await?).map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
-    let id = v
-        .pointer("/data/0/id")
-        .and_then(|x| x.as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("GET {url}: no model listed; pass --model"))?;
+    let id = v.pointer("/data/0/id").and_then(|x| x.as_str()).map(str::to_owned).ok_or_else(|| anyhow::anyhow!("GET {url}: no model listed; pass --model"))?;
     Ok((id, v.pointer("/data/0/max_model_len").and_then(|x| x.as_u64()).map(|n| n as usize)))
 }

@@ -90,11 +90,7 @@ impl<'a> RandomText<'a> {
     pub fn new(tokenizer: &'a Tokenizer) -> Result<Self> {
         let candidates: Vec<u32> = (0..tokenizer.vocab_size() as u32)
             .filter(|&id| !tokenizer.is_special(id))
-            .filter(|&id| {
-                tokenizer
-                    .decode(&[id], true)
-                    .is_ok_and(|s| !s.trim().is_empty() && !s.contains('\u{fffd}') && !s.contains('\0'))
-            })
+            .filter(|&id| tokenizer.decode(&[id], true).is_ok_and(|s| !s.trim().is_empty() && !s.contains('\u{fffd}') && !s.contains('\0')))
             .collect();
         if candidates.len() < 16 {
             bail!("the tokenizer has only {} usable normal tokens", candidates.len());
@@ -185,8 +181,7 @@ fn count(tokenizer: &Tokenizer, text: &str) -> Result<usize> {
 /// prompt at most 1024, both together at most 2048).
 fn sharegpt(path: &Path, tokenizer: &Tokenizer, output_len: Option<usize>) -> Result<Vec<Prompt>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let entries: Vec<serde_json::Value> =
-        serde_json::from_str(&text).with_context(|| format!("{}: not a ShareGPT JSON array", path.display()))?;
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text).with_context(|| format!("{}: not a ShareGPT JSON array", path.display()))?;
     let mut pool = Vec::new();
     for e in &entries {
         let Some(turns) = e.get("conversations").and_then(|c| c.as_array()) else { continue };
@@ -212,17 +207,9 @@ fn jsonl(path: &Path, tokenizer: &Tokenizer, default_output_len: usize) -> Resul
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut pool = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
-        let prompt = v
-            .get("prompt")
-            .and_then(|p| p.as_str())
-            .with_context(|| format!("{}:{}: no \"prompt\" string", path.display(), i + 1))?;
-        let output_len = v
-            .get("output_len")
-            .or_else(|| v.get("max_tokens"))
-            .and_then(|n| n.as_u64())
-            .map_or(default_output_len, |n| n as usize);
+        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        let prompt = v.get("prompt").and_then(|p| p.as_str()).with_context(|| format!("{}:{}: no \"prompt\" string", path.display(), i + 1))?;
+        let output_len = v.get("output_len").or_else(|| v.get("max_tokens")).and_then(|n| n.as_u64()).map_or(default_output_len, |n| n as usize);
         pool.push(Prompt { text: prompt.to_string(), prompt_len: count(tokenizer, prompt)?, output_len: output_len.max(1) });
     }
     if pool.is_empty() {

@@ -265,13 +265,5 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
         let end = results.iter().map(|r| r.record.end).fold(f64::NEG_INFINITY, f64::max);
         window = if results.is_empty() { (0.0, 0.0) } else { (first, end.max(first)) };
     }
-    LoadRun {
-        not_sent: workload.prompts.len() - results.len(),
-        results,
-        time_limit_hit,
-        wall_s: clock.now(),
-        counted,
-        window,
-        closed_loop,
-    }
+    LoadRun { not_sent: workload.prompts.len() - results.len(), results, time_limit_hit, wall_s: clock.now(), counted, window, closed_loop }
 }

@@ -28,14 +28,8 @@ pub fn register_fonts() {
 }
 
 /// Colour-blind-safe palette (Okabe-Ito), one colour per target.
-pub const COLORS: [RGBColor; 6] = [
-    RGBColor(0, 114, 178),
-    RGBColor(213, 94, 0),
-    RGBColor(0, 158, 115),
-    RGBColor(204, 121, 167),
-    RGBColor(230, 159, 0),
-    RGBColor(86, 180, 233),
-];
+pub const COLORS: [RGBColor; 6] =
+    [RGBColor(0, 114, 178), RGBColor(213, 94, 0), RGBColor(0, 158, 115), RGBColor(204, 121, 167), RGBColor(230, 159, 0), RGBColor(86, 180, 233)];
 
 /// One line: a target's values at each offered load.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -162,8 +156,7 @@ where
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         c.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(err)?;
         let bars = line.points.iter().zip(&line.errors).filter(|(p, e)| p.1.is_finite() && e.is_finite() && **e > 0.0);
-        c.draw_series(bars.map(|(&(x, y), &e)| ErrorBar::new_vertical(x, y - e, y, y + e, color.stroke_width(2), 8)))
-            .map_err(err)?;
+        c.draw_series(bars.map(|(&(x, y), &e)| ErrorBar::new_vertical(x, y - e, y, y + e, color.stroke_width(2), 8))).map_err(err)?;
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.85))

@@ -77,10 +77,7 @@ pub fn collect_for(command: &str) -> Provenance {
 impl Provenance {
     /// Markdown lines for the top of a report.
     pub fn markdown(&self) -> String {
-        format!(
-            "- Command: `{}`\n- Commit: `{}`\n- Machine: {}\n- Date (UTC): {}\n",
-            self.command, self.commit, self.machine, self.date
-        )
+        format!("- Command: `{}`\n- Commit: `{}`\n- Machine: {}\n- Date (UTC): {}\n", self.command, self.commit, self.machine, self.date)
     }
 }
 

@@ -117,9 +117,8 @@ pub fn summarize(runs: &[Repeat]) -> (Vec<TargetAtLoad>, Vec<Paired>) {
     let Some(first) = runs.first() else { return (vec![], vec![]) };
     let mut out = Vec::new();
     let mut paired = Vec::new();
-    let find = |run: &Repeat, label: &str, i: usize| -> Option<PointSummary> {
-        run.series.iter().find(|(l, _)| l == label).and_then(|(_, p)| p.get(i)).cloned()
-    };
+    let find =
+        |run: &Repeat, label: &str, i: usize| -> Option<PointSummary> { run.series.iter().find(|(l, _)| l == label).and_then(|(_, p)| p.get(i)).cloned() };
     let first_label = first.series.first().map(|(l, _)| l.clone());
     for (label, pts) in &first.series {
         for (i, p0) in pts.iter().enumerate() {
@@ -142,10 +141,7 @@ pub fn summarize(runs: &[Repeat]) -> (Vec<TargetAtLoad>, Vec<Paired>) {
                 counted: pts.iter().map(|p| p.counted).collect(),
             });
             if let Some(f) = first_label.as_deref().filter(|f| *f != label) {
-                let d: Vec<f64> = runs
-                    .iter()
-                    .filter_map(|r| Some(find(r, f, i)?.ceiling_fraction - find(r, label, i)?.ceiling_fraction))
-                    .collect();
+                let d: Vec<f64> = runs.iter().filter_map(|r| Some(find(r, f, i)?.ceiling_fraction - find(r, label, i)?.ceiling_fraction)).collect();
                 paired.push(Paired {
                     first: f.to_string(),
                     other: label.clone(),
@@ -202,18 +198,32 @@ pub fn write_report(dir: &Path, title: &str, runs: &[Repeat], prov: &Provenance)
             .iter()
             .map(|l| {
                 let mine: Vec<&TargetAtLoad> = rows.iter().filter(|r| &r.label == *l).collect();
-                Line {
-                    label: (*l).clone(),
-                    points: mine.iter().map(|r| (r.load, f(r).mean)).collect(),
-                    errors: mine.iter().map(|r| f(r).ci95).collect(),
-                }
+                Line { label: (*l).clone(), points: mine.iter().map(|r| (r.load, f(r).mean)).collect(), errors: mine.iter().map(|r| f(r).ci95).collect() }
             })
             .collect(),
         threshold: None,
         ceiling: ceiling.then(|| Line::new("ceiling", loads(&rows).into_iter().map(|l| (l, 1.0)).collect())),
     };
-    write_chart(dir, &chart("ceiling_fraction", "Smooth goodput / ceiling (mean and 95% interval over the repeats)", "fraction of the ceiling", |r| &r.ceiling_fraction, true))?;
-    write_chart(dir, &chart("smooth_goodput", "Smooth goodput (mean and 95% interval over the repeats)", "benefit / s (closed loop: per request)", |r| &r.smooth_goodput, false))?;
+    write_chart(
+        dir,
+        &chart(
+            "ceiling_fraction",
+            "Smooth goodput / ceiling (mean and 95% interval over the repeats)",
+            "fraction of the ceiling",
+            |r| &r.ceiling_fraction,
+            true,
+        ),
+    )?;
+    write_chart(
+        dir,
+        &chart(
+            "smooth_goodput",
+            "Smooth goodput (mean and 95% interval over the repeats)",
+            "benefit / s (closed loop: per request)",
+            |r| &r.smooth_goodput,
+            false,
+        ),
+    )?;
     std::fs::write(dir.join("report.md"), markdown(title, runs, &rows, &paired, prov))?;
     Ok(())
 }

@@ -399,13 +399,7 @@ pub fn table(r: &BenchResult) -> String {
     row("Output token throughput (tok/s):", format!("{:.2}", r.output_throughput));
     row("Total Token throughput (tok/s):", format!("{:.2}", r.total_token_throughput));
     row(
-        &format!(
-            "Smooth goodput (/s) [q={} g={}ms a={} f={}]:",
-            p.default_class.reading_rate,
-            p.default_class.grace * 1e3,
-            p.alpha,
-            p.penalty
-        ),
+        &format!("Smooth goodput (/s) [q={} g={}ms a={} f={}]:", p.default_class.reading_rate, p.default_class.grace * 1e3, p.alpha, p.penalty),
         format!("{:.2} ± {:.2}", r.smooth_goodput, r.smooth_goodput_ci95),
     );
     row("Benefit per counted request:", format!("{:.2}", r.benefit_per_request));

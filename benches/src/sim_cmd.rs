@@ -487,8 +487,7 @@ fn setup(args: &SimArgs) -> Result<Setup> {
         Some(m) => m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?,
         None => PriorityMix::default(),
     };
-    let client =
-        ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()?, priority_mix };
+    let client = ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()?, priority_mix };
     Ok(Setup { preset: p.name, cfg, workload, client, seeds })
 }
 
@@ -581,8 +580,20 @@ fn pct(v: f64) -> String {
 /// Tables, one per load (plain text, or Markdown).
 pub fn tables(lines: &[SummaryLine], markdown: bool) -> String {
     let head = [
-        "policy", "smooth goodput (95% CI)", "of ceiling", "benefit/req", "rejected", "dropped", "abandoned", "wasted work",
-        "out tok/s", "goodput req/s", "TTFT p99 served/all", "TPOT p50 served", "idle p99 served/all", "preempted",
+        "policy",
+        "smooth goodput (95% CI)",
+        "of ceiling",
+        "benefit/req",
+        "rejected",
+        "dropped",
+        "abandoned",
+        "wasted work",
+        "out tok/s",
+        "goodput req/s",
+        "TTFT p99 served/all",
+        "TPOT p50 served",
+        "idle p99 served/all",
+        "preempted",
     ];
     let mut out = String::new();
     let mut keys: Vec<(f64, Option<usize>)> = lines.iter().map(|l| (l.rate, l.clients)).collect();
@@ -728,12 +739,12 @@ fn chart(m: &Metric, lines: &[SummaryLine]) -> Chart {
         })
         .collect();
     let ceiling = match name {
-        "smooth_goodput" if !closed => policies.first().map(|p| {
-            Line::new("ceiling: min(offered tok/s, saturation)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect())
-        }),
-        "benefit_per_request" if closed => policies.first().map(|p| {
-            Line::new("ceiling (fluid model)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect())
-        }),
+        "smooth_goodput" if !closed => policies
+            .first()
+            .map(|p| Line::new("ceiling: min(offered tok/s, saturation)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect())),
+        "benefit_per_request" if closed => {
+            policies.first().map(|p| Line::new("ceiling (fluid model)", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), l.ceiling)).collect()))
+        }
         "ceiling_fraction" => policies.first().map(|p| Line::new("ceiling", lines.iter().filter(|l| l.policy == *p).map(|l| (x_of(l), 1.0)).collect())),
         _ => None,
     };
@@ -754,15 +765,7 @@ fn chart(m: &Metric, lines: &[SummaryLine]) -> Chart {
     }
 }
 
-fn write_outputs(
-    dir: &Path,
-    prov: &Provenance,
-    desc: &str,
-    lines: &[SummaryLine],
-    points: &[SweepPoint],
-    cfg: &SimConfig,
-    sat: Saturation,
-) -> Result<()> {
+fn write_outputs(dir: &Path, prov: &Provenance, desc: &str, lines: &[SummaryLine], points: &[SweepPoint], cfg: &SimConfig, sat: Saturation) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let jsonl: String = lines.iter().map(|l| serde_json::to_string(l).map(|s| s + "\n")).collect::<Result<_, _>>()?;
     std::fs::write(dir.join("summary.jsonl"), jsonl)?;
@@ -780,12 +783,14 @@ fn write_outputs(
     for c in &charts {
         write_chart(dir, c)?;
     }
-    let overview: Vec<&Chart> = ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "wasted"]
-        .iter()
-        .filter_map(|n| charts.iter().find(|c| c.name == *n))
-        .collect();
+    let overview: Vec<&Chart> =
+        ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "wasted"]
+            .iter()
+            .filter_map(|n| charts.iter().find(|c| c.name == *n))
+            .collect();
     write_grid(dir, "overview", &overview, 3)?;
-    let mut md = format!("# `pace sim` report: {}\n\n{}\n{desc}\n\n![overview](overview.svg)\n", lines.first().map_or("", |l| l.preset.as_str()), prov.markdown());
+    let mut md =
+        format!("# `pace sim` report: {}\n\n{}\n{desc}\n\n![overview](overview.svg)\n", lines.first().map_or("", |l| l.preset.as_str()), prov.markdown());
     md.push_str(
         "\nEach cell is the mean over seeds; `±` is the half-width of the 95% interval (Student's t). Smooth goodput is the \
          counted requests' benefit over the window, one denominator for every policy; the ceiling is `min(offered output tok/s, \
@@ -817,21 +822,74 @@ mod tests {
     fn parses_flags_and_writes_json_plots_and_report() {
         let dir = std::env::temp_dir().join(format!("pace-sim-test-{}", std::process::id()));
         let cli = Cli::try_parse_from([
-            "sim", "--preset", "cpu-smollm2", "--policies", "smooth,fcfs,smooth:door=0", "--load-factors", "0.5,1.5",
-            "--num-requests", "150", "--seeds", "1,2", "--penalty", "capped:5", "--goodput", "ttft:2000", "--input-len", "16:64",
-            "--output-len", "8:64", "--patience", "exp:20", "--max-tokens-rule", "cap:1024", "--out", dir.to_str().unwrap(), "--json",
+            "sim",
+            "--preset",
+            "cpu-smollm2",
+            "--policies",
+            "smooth,fcfs,smooth:door=0",
+            "--load-factors",
+            "0.5,1.5",
+            "--num-requests",
+            "150",
+            "--seeds",
+            "1,2",
+            "--penalty",
+            "capped:5",
+            "--goodput",
+            "ttft:2000",
+            "--input-len",
+            "16:64",
+            "--output-len",
+            "8:64",
+            "--patience",
+            "exp:20",
+            "--max-tokens-rule",
+            "cap:1024",
+            "--out",
+            dir.to_str().unwrap(),
+            "--json",
         ])
         .unwrap();
         run(&cli.sim).unwrap();
         let lines = std::fs::read_to_string(dir.join("summary.jsonl")).unwrap();
         assert_eq!(lines.lines().count(), 6);
         let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
-        for key in ["policy", "rate", "request_throughput", "output_throughput", "request_goodput", "token_goodput",
-            "smooth_goodput", "attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "idle_p99", "rejected",
-            "dropped", "preempted", "saturation_rate", "seeds", "window_s", "counted", "smooth_goodput_ci95",
-            "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac", "dropped_frac", "abandoned_frac",
-            "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all", "tpot_p50_served", "door_returns",
-            "overloaded_frac"] {
+        for key in [
+            "policy",
+            "rate",
+            "request_throughput",
+            "output_throughput",
+            "request_goodput",
+            "token_goodput",
+            "smooth_goodput",
+            "attainment",
+            "ttft_p50",
+            "ttft_p99",
+            "tpot_p50",
+            "tpot_p99",
+            "idle_p99",
+            "rejected",
+            "dropped",
+            "preempted",
+            "saturation_rate",
+            "seeds",
+            "window_s",
+            "counted",
+            "smooth_goodput_ci95",
+            "benefit_per_request",
+            "ceiling",
+            "ceiling_fraction",
+            "rejected_frac",
+            "dropped_frac",
+            "abandoned_frac",
+            "wasted_tokens_frac",
+            "idle_p99_served",
+            "idle_p99_all",
+            "ttft_p99_all",
+            "tpot_p50_served",
+            "door_returns",
+            "overloaded_frac",
+        ] {
             assert!(first.get(key).is_some(), "missing {key}");
         }
         assert_eq!(first["seeds"], serde_json::json!([1, 2]));
@@ -842,18 +900,33 @@ mod tests {
         assert!(report.contains("| policy |") && report.contains("- Commit:") && report.contains("- Command:"));
         std::fs::remove_dir_all(&dir).ok();
 
-        let closed = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "fcfs", "--clients", "2,8",
-            "--num-requests", "60", "--seed", "3"]).unwrap();
+        let closed =
+            Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "fcfs", "--clients", "2,8", "--num-requests", "60", "--seed", "3"]).unwrap();
         run(&closed.sim).unwrap();
 
         // A priority mix: per-priority rows in the JSON and the report; ablated constants by name.
         let dir = std::env::temp_dir().join(format!("pace-sim-test-prio-{}", std::process::id()));
-        let mix = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", "--policies", "smooth:max_loss=0.05,fcfs",
-            "--load-factors", "1.5", "--num-requests", "200", "--seed", "1", "--priority-mix", "0.25:-2",
-            "--out", dir.to_str().unwrap(), "--json"]).unwrap();
+        let mix = Cli::try_parse_from([
+            "sim",
+            "--preset",
+            "cpu-smollm2",
+            "--policies",
+            "smooth:max_loss=0.05,fcfs",
+            "--load-factors",
+            "1.5",
+            "--num-requests",
+            "200",
+            "--seed",
+            "1",
+            "--priority-mix",
+            "0.25:-2",
+            "--out",
+            dir.to_str().unwrap(),
+            "--json",
+        ])
+        .unwrap();
         run(&mix.sim).unwrap();
-        let line: serde_json::Value =
-            serde_json::from_str(std::fs::read_to_string(dir.join("summary.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(std::fs::read_to_string(dir.join("summary.jsonl")).unwrap().lines().next().unwrap()).unwrap();
         assert_eq!(line["policy"], "smooth:max_loss=0.05");
         assert_eq!(line["priority_mix"], "0.25:-2");
         let prios: Vec<i64> = line["by_priority"].as_array().unwrap().iter().map(|p| p["priority"].as_i64().unwrap()).collect();
@@ -866,8 +939,14 @@ mod tests {
         assert!(Cli::try_parse_from(["sim", "--clients", "4", "--rates", "1"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--seed", "1", "--seeds", "1,2"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--policies", "lifo"]).is_err());
-        for bad in [["--patience", "exp:0"], ["--max-tokens-rule", "cap:0"], ["--warmup-fraction", "0.9"], ["--priority-mix", "1.5:-2"],
-            ["--priority-mix", "0.2:11"], ["--priority-mix", "0.2"]] {
+        for bad in [
+            ["--patience", "exp:0"],
+            ["--max-tokens-rule", "cap:0"],
+            ["--warmup-fraction", "0.9"],
+            ["--priority-mix", "1.5:-2"],
+            ["--priority-mix", "0.2:11"],
+            ["--priority-mix", "0.2"],
+        ] {
             let cli = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", bad[0], bad[1], "--num-requests", "10"]).unwrap();
             assert!(run(&cli.sim).is_err(), "{bad:?}");
         }

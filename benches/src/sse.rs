@@ -94,12 +94,7 @@ pub fn parse_chunk(data: &str) -> Chunk {
     }
     let v: serde_json::Value = match serde_json::from_str(data) {
         Ok(v) => v,
-        Err(e) => {
-            return Chunk {
-                error: Some((format!("malformed stream chunk ({e}): {}", truncate(data, 200)), "malformed".into())),
-                ..Default::default()
-            }
-        }
+        Err(e) => return Chunk { error: Some((format!("malformed stream chunk ({e}): {}", truncate(data, 200)), "malformed".into())), ..Default::default() },
     };
     let mut c = Chunk::default();
     if let Some(err) = v.get("error") {

@@ -302,12 +302,7 @@ fn resumed_point(spec: &SweepSpec, dir: &Path, label: &str, load: &Load) -> Resu
         ..spec.info.clone()
     };
     if r.info != want {
-        bail!(
-            "--resume: {} was recorded for another run ({:?}; this one is {:?}); move it away or drop --resume",
-            path.display(),
-            r.info,
-            want
-        );
+        bail!("--resume: {} was recorded for another run ({:?}; this one is {:?}); move it away or drop --resume", path.display(), r.info, want);
     }
     Ok(Some(PointSummary::of(&r, x, file)))
 }
@@ -533,10 +528,11 @@ pub fn write_report(dir: &Path, title: &str, spec: &SweepSpec, series: &mut [(St
     for c in &charts {
         write_chart(dir, c)?;
     }
-    let overview: Vec<&Chart> = ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "ttft_p99_all"]
-        .iter()
-        .filter_map(|n| charts.iter().find(|c| c.name == *n))
-        .collect();
+    let overview: Vec<&Chart> =
+        ["smooth_goodput", "ceiling_fraction", "benefit_per_request", "output_throughput", "tpot_p50", "idle_p99_all", "rejected", "abandoned", "ttft_p99_all"]
+            .iter()
+            .filter_map(|n| charts.iter().find(|c| c.name == *n))
+            .collect();
     write_grid(dir, "overview", &overview, 3)?;
     std::fs::write(dir.join("report.md"), markdown(title, spec, series, &heads, &charts, theta, prov))?;
     Ok(())
@@ -561,7 +557,15 @@ fn pct(v: f64) -> String {
     format!("{:.1}%", v * 100.0)
 }
 
-fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)], heads: &[Headline], charts: &[Chart], theta: f64, prov: &Provenance) -> String {
+fn markdown(
+    title: &str,
+    spec: &SweepSpec,
+    series: &[(String, Vec<PointSummary>)],
+    heads: &[Headline],
+    charts: &[Chart],
+    theta: f64,
+    prov: &Provenance,
+) -> String {
     let p = &spec.info.params;
     let unit = spec.axis.unit();
     let mut md = format!("# {title}\n\n{}", prov.markdown());
@@ -628,9 +632,25 @@ fn markdown(title: &str, spec: &SweepSpec, series: &[(String, Vec<PointSummary>)
     }
     md.push_str("\n![overview](overview.svg)\n\n## Per load\n");
     let head = [
-        "target", "smooth goodput", "of ceiling", "benefit/req", "rejected", "dropped", "left", "wasted work", "out tok/s",
-        "goodput req/s", "attain", "TTFT p50", "TTFT p99 served / all", "TPOT p50 served", "TPOT p99", "idle p99 served / all",
-        "counted", "completed", "failed",
+        "target",
+        "smooth goodput",
+        "of ceiling",
+        "benefit/req",
+        "rejected",
+        "dropped",
+        "left",
+        "wasted work",
+        "out tok/s",
+        "goodput req/s",
+        "attain",
+        "TTFT p50",
+        "TTFT p99 served / all",
+        "TPOT p50 served",
+        "TPOT p99",
+        "idle p99 served / all",
+        "counted",
+        "completed",
+        "failed",
     ];
     let mut loads: Vec<f64> = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.load)).collect();
     loads.sort_by(f64::total_cmp);

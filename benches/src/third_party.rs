@@ -410,7 +410,9 @@ mod tests {
     #[test]
     fn vllm_command_asks_for_the_detailed_export() {
         let c = job(Client::Vllm, Level::Concurrency(8.0)).command().join(" ");
-        for want in ["vllm bench serve", "--save-result --save-detailed", "--result-dir /o", "--max-concurrency 8 --request-rate inf", "--ignore-eos", "--seed 7"] {
+        for want in
+            ["vllm bench serve", "--save-result --save-detailed", "--result-dir /o", "--max-concurrency 8 --request-rate inf", "--ignore-eos", "--seed 7"]
+        {
             assert!(c.contains(want), "{want}: {c}");
         }
         let c = job(Client::Vllm, Level::Rate(0.5)).command().join(" ");

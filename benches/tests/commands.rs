@@ -27,10 +27,8 @@ fn tempdir(name: &str) -> PathBuf {
 }
 
 /// Small, bounded workload flags shared by the tests.
-const SMALL: [&str; 12] = [
-    "--random-input-len", "24", "--random-output-len", "3", "--seed", "5", "--disable-tqdm", "--time-limit", "20", "--max-requests", "50",
-    "--goodput",
-];
+const SMALL: [&str; 12] =
+    ["--random-input-len", "24", "--random-output-len", "3", "--seed", "5", "--disable-tqdm", "--time-limit", "20", "--max-requests", "50", "--goodput"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_saves_a_vllm_style_result_with_timelines() {
@@ -54,13 +52,57 @@ async fn serve_saves_a_vllm_style_result_with_timelines() {
     assert_eq!(r.info.seed, 5);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
     for key in [
-        "date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
-        "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
-        "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls", "errors", "mean_ttft_ms",
-        "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
-        "rejected", "dropped", "token_goodput", "smooth_goodput", "attainment", "p99_idle_ms", "timelines",
-        "window_s", "counted", "smooth_goodput_ci95", "benefit_per_request", "ceiling", "ceiling_fraction", "rejected_frac",
-        "dropped_frac", "abandoned_frac", "wasted_tokens_frac", "idle_p99_served", "idle_p99_all", "ttft_p99_all",
+        "date",
+        "backend",
+        "model_id",
+        "tokenizer_id",
+        "num_prompts",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "duration",
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "errors",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+        "p99_e2el_ms",
+        "rejected",
+        "dropped",
+        "token_goodput",
+        "smooth_goodput",
+        "attainment",
+        "p99_idle_ms",
+        "timelines",
+        "window_s",
+        "counted",
+        "smooth_goodput_ci95",
+        "benefit_per_request",
+        "ceiling",
+        "ceiling_fraction",
+        "rejected_frac",
+        "dropped_frac",
+        "abandoned_frac",
+        "wasted_tokens_frac",
+        "idle_p99_served",
+        "idle_p99_all",
+        "ttft_p99_all",
         "tpot_p50_served",
     ] {
         assert!(v.get(key).is_some(), "result file lacks {key}");
@@ -302,11 +344,8 @@ fn fake_pace(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let exe = std::env::current_exe().unwrap();
     let script = dir.join("fake-pace");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\nPACE_BENCH_FAKE_SERVE=\"$*\" exec '{}' fake_pace_serve --exact --ignored --nocapture\n", exe.display()),
-    )
-    .unwrap();
+    std::fs::write(&script, format!("#!/bin/sh\nPACE_BENCH_FAKE_SERVE=\"$*\" exec '{}' fake_pace_serve --exact --ignored --nocapture\n", exe.display()))
+        .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     script
 }
@@ -318,8 +357,22 @@ async fn ab_starts_and_stops_one_server_per_scheduler() {
     let d = dir.join("report");
     let d = d.to_str().unwrap();
     let mut args = vec![
-        "ab", "--scheduler", "smooth,fcfs", "--pace-bin", bin.to_str().unwrap(), "--serve-arg=--max-num-seqs=4",
-        "--request-rates", "10,30", "--num-prompts", "4", "--result-dir", d, "--server-start-timeout", "30", "--server-stop-timeout", "10",
+        "ab",
+        "--scheduler",
+        "smooth,fcfs",
+        "--pace-bin",
+        bin.to_str().unwrap(),
+        "--serve-arg=--max-num-seqs=4",
+        "--request-rates",
+        "10,30",
+        "--num-prompts",
+        "4",
+        "--result-dir",
+        d,
+        "--server-start-timeout",
+        "30",
+        "--server-stop-timeout",
+        "10",
     ];
     args.extend(SMALL);
     args.extend(["ttft:150"]);
@@ -365,13 +418,7 @@ async fn ab_starts_and_stops_one_server_per_scheduler() {
     let err = pace_bench::cli::ab(&a).await.unwrap_err();
     assert!(err.to_string().contains("was recorded for another run"), "{err}");
     // A server that dies at start is an error naming its log, not a hang.
-    let cfg = pace_bench::launch::ServeConfig {
-        bin: "/bin/false".into(),
-        args: vec![],
-        start_timeout: 30.0,
-        stop_timeout: 1.0,
-        log_dir: dir.join("logs"),
-    };
+    let cfg = pace_bench::launch::ServeConfig { bin: "/bin/false".into(), args: vec![], start_timeout: 30.0, stop_timeout: 1.0, log_dir: dir.join("logs") };
     let mut p = pace_bench::launch::ServeProcess::spawn(&cfg, "smooth").unwrap();
     let err = p.wait_ready(&pace_bench::client::http_client(1).unwrap(), 30.0).await.unwrap_err();
     assert!(err.to_string().contains("exited before it was ready"), "{err}");
@@ -388,9 +435,26 @@ async fn ab_side_by_side_runs_the_policies_at_once_each_server_on_its_cpus() {
     let two = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
     let cpus = if two { "0/1" } else { "0/0" };
     let mut args = vec![
-        "ab", "--scheduler", "smooth,fcfs", "--pace-bin", bin.to_str().unwrap(), "--side-by-side", "--serve-cpus", cpus,
-        "--repeats", "2", "--request-rates", "20", "--num-prompts", "8", "--result-dir", d, "--server-start-timeout", "30",
-        "--server-stop-timeout", "10",
+        "ab",
+        "--scheduler",
+        "smooth,fcfs",
+        "--pace-bin",
+        bin.to_str().unwrap(),
+        "--side-by-side",
+        "--serve-cpus",
+        cpus,
+        "--repeats",
+        "2",
+        "--request-rates",
+        "20",
+        "--num-prompts",
+        "8",
+        "--result-dir",
+        d,
+        "--server-start-timeout",
+        "30",
+        "--server-stop-timeout",
+        "10",
     ];
     args.extend(SMALL);
     args.extend(["ttft:150"]);

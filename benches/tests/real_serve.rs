@@ -6,7 +6,6 @@
 //! The `pace` binary is `$PACE_BIN`, or `target/<profile>/pace` next to this test's directory
 //! (built by `cargo build -p pace-server` or by the workspace's tests).
 
-
 use clap::Parser;
 use pace_bench::BenchCommand;
 
@@ -32,10 +31,35 @@ async fn short_real_sweep_against_pace_serve() {
     let dir = std::env::temp_dir().join(format!("pace-bench-real-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let args = [
-        "bench", "ab", "--scheduler", "smooth", "--pace-bin", bin.to_str().unwrap(), "--serve-arg=--kv-cache-memory=256MiB",
-        "--request-rates", "2,8", "--num-prompts", "6", "--random-input-len", "64", "--random-output-len", "12", "--seed", "1",
-        "--goodput", "ttft:5000", "tpot:100", "--time-limit", "120", "--max-requests", "6", "--disable-tqdm", "--result-dir",
-        dir.to_str().unwrap(), "--server-start-timeout", "300",
+        "bench",
+        "ab",
+        "--scheduler",
+        "smooth",
+        "--pace-bin",
+        bin.to_str().unwrap(),
+        "--serve-arg=--kv-cache-memory=256MiB",
+        "--request-rates",
+        "2,8",
+        "--num-prompts",
+        "6",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "12",
+        "--seed",
+        "1",
+        "--goodput",
+        "ttft:5000",
+        "tpot:100",
+        "--time-limit",
+        "120",
+        "--max-requests",
+        "6",
+        "--disable-tqdm",
+        "--result-dir",
+        dir.to_str().unwrap(),
+        "--server-start-timeout",
+        "300",
     ];
     let BenchCommand::Ab(a) = Cli::try_parse_from(args).unwrap().cmd else { unreachable!() };
     pace_bench::cli::ab(&a).await.unwrap();

@@ -5,7 +5,6 @@
 //!
 //! The `pace` binary is `$PACE_BIN`, or `target/<profile>/pace` next to this test's directory.
 
-
 use clap::Parser;
 use pace_bench::BenchCommand;
 
@@ -29,9 +28,29 @@ async fn a_one_minute_soak_passes_every_check() {
     let dir = std::env::temp_dir().join(format!("pace-soak-ci-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let args = [
-        "bench", "soak", "--pace-bin", bin.to_str().unwrap(), "--serve-arg=--kv-cache-memory=256MiB", "--duration", "60", "--calibrate-s", "20",
-        "--calibrate-concurrency", "16", "--slow-connections", "50", "--seed", "3", "--request-timeout", "300", "--drain-timeout", "300",
-        "--server-start-timeout", "300", "--result-dir", dir.to_str().unwrap(),
+        "bench",
+        "soak",
+        "--pace-bin",
+        bin.to_str().unwrap(),
+        "--serve-arg=--kv-cache-memory=256MiB",
+        "--duration",
+        "60",
+        "--calibrate-s",
+        "20",
+        "--calibrate-concurrency",
+        "16",
+        "--slow-connections",
+        "50",
+        "--seed",
+        "3",
+        "--request-timeout",
+        "300",
+        "--drain-timeout",
+        "300",
+        "--server-start-timeout",
+        "300",
+        "--result-dir",
+        dir.to_str().unwrap(),
     ];
     let BenchCommand::Soak(a) = Cli::try_parse_from(args).unwrap().cmd else { unreachable!() };
     let r = pace_bench::soak::soak(&a).await.unwrap_or_else(|e| panic!("{e:#}\n{}", std::fs::read_to_string(dir.join("report.md")).unwrap_or_default()));

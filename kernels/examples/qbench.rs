@@ -45,6 +45,8 @@ fn main() {
     let x: Vec<f32> = (0..576).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut y = vec![0f32; 49152];
     let s = Instant::now();
-    for _ in 0..20 { matmul(&head, &x, 1, &mut y); }
+    for _ in 0..20 {
+        matmul(&head, &x, 1, &mut y);
+    }
     println!("lm head t=1: {:.3} ms", s.elapsed().as_secs_f64() / 20.0 * 1e3);
 }

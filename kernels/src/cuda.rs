@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaStorageSlice, DeviceId, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Layout, Result, Shape, Tensor};
@@ -114,19 +114,14 @@ impl Kernels {
 
 fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
     static LOADED: OnceLock<Mutex<HashMap<DeviceId, Arc<Kernels>>>> = OnceLock::new();
-    let mut loaded = LOADED
-        .get_or_init(Default::default)
-        .lock()
-        .map_err(|_| candle_core::Error::Msg("kernel registry poisoned".into()))?;
+    let mut loaded = LOADED.get_or_init(Default::default).lock().map_err(|_| candle_core::Error::Msg("kernel registry poisoned".into()))?;
     if let Some(k) = loaded.get(&dev.id()) {
         return Ok(k.clone());
     }
     let stream = dev.cuda_stream();
     let ctx = stream.context();
     let load = |image: &[u8]| ctx.load_module(Ptx::from_binary(image.to_vec())).w();
-    let num_sms = ctx
-        .attribute(candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .w()? as usize;
+    let num_sms = ctx.attribute(candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
     let k = Arc::new(Kernels {
         modules: [load(CACHE_FATBIN)?, load(SIMT_FATBIN)?, load(MMA_FATBIN)?, load(SAMPLE_FATBIN)?],
         functions: Mutex::new(HashMap::new()),
@@ -267,14 +262,7 @@ fn build_plan(meta: &PagedAttentionMeta, group: usize, use_mma: bool, dev: &Cuda
             dev.clone_htod(v).map(Some)
         }
     };
-    Ok(StepPlan {
-        key: (group, use_mma),
-        simt: upload(&simt)?,
-        simt_len: simt.len() / 2,
-        simt_max_visible,
-        mma: upload(&mma_flat)?,
-        mma_len: mma.len(),
-    })
+    Ok(StepPlan { key: (group, use_mma), simt: upload(&simt)?, simt_len: simt.len() / 2, simt_max_visible, mma: upload(&mma_flat)?, mma_len: mma.len() })
 }
 
 /// The step's plan: cached in the metadata for the common case, built afresh otherwise.
@@ -375,9 +363,7 @@ pub(crate) fn paged_attention(
         let gmax = if group <= 4 { 4 } else { 8 };
         let chunks = group.div_ceil(gmax);
         let units = n * g.kv_heads * chunks;
-        let part = opts.partition.map(|s| s.max(1).next_multiple_of(128)).unwrap_or_else(|| {
-            partition_size(plan.simt_max_visible, units, k.num_sms)
-        });
+        let part = opts.partition.map(|s| s.max(1).next_multiple_of(128)).unwrap_or_else(|| partition_size(plan.simt_max_visible, units, k.num_sms));
         let parts = plan.simt_max_visible.div_ceil(part).max(1);
         if parts > MAX_PARTS || g.kv_heads * chunks > 65535 {
             bail!("paged attention: {parts} partitions of {part} keys is more than the kernels support");
@@ -399,11 +385,7 @@ pub(crate) fn paged_attention(
             None
         };
         let func = k.function(1, &format!("pa_simt_{cn}_{qn}_{d}_g{gmax}"))?;
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, (g.kv_heads * chunks) as u32, parts as u32),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (n as u32, (g.kv_heads * chunks) as u32, parts as u32), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: every address in `p` is a live buffer of the size the metadata describes;
         // PagedAttentionMeta::new validated block tables and lengths against the cache.
         unsafe { stream.launch_builder(&func).arg(&p).launch(cfg) }.w()?;

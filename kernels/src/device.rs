@@ -65,10 +65,7 @@ pub fn synchronize(device: &Device) -> Result<()> {
 /// Times `f`: the host seconds it took to return and, on a GPU, the GPU seconds between events
 /// recorded on the device's stream before and after it. When `f` does not wait for the GPU, the
 /// host time is the enqueue time and the GPU time what the launches took.
-pub fn time_on_device<R, E: From<candle_core::Error>>(
-    device: &Device,
-    f: impl FnOnce() -> std::result::Result<R, E>,
-) -> std::result::Result<(R, Timing), E> {
+pub fn time_on_device<R, E: From<candle_core::Error>>(device: &Device, f: impl FnOnce() -> std::result::Result<R, E>) -> std::result::Result<(R, Timing), E> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         let (r, host, gpu) = crate::cuda::time_on_gpu(d, f)?;
@@ -127,10 +124,7 @@ impl CapturedGraph {
 /// costs). `f` runs twice, a warm-up and the capture. An error on the CPU, or when something in
 /// `f` cannot be captured (a synchronous copy, a synchronisation). Drop the returned result
 /// before [`CapturedGraph::replay`]: a replay remakes the graph's allocations.
-pub fn capture<R, E: From<candle_core::Error>>(
-    device: &Device,
-    f: impl FnMut() -> std::result::Result<R, E>,
-) -> std::result::Result<(R, CapturedGraph), E> {
+pub fn capture<R, E: From<candle_core::Error>>(device: &Device, f: impl FnMut() -> std::result::Result<R, E>) -> std::result::Result<(R, CapturedGraph), E> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         let (r, inner) = crate::cuda::capture(d, f)?;

@@ -42,11 +42,7 @@ fn check_matmul(w: &QuantMatrix, rows: usize, cols: usize, t: usize, rng: &mut S
             let want: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
             let got = y[ti * rows + r] as f64;
             let tol = bound(wr, xr);
-            assert!(
-                (got - want).abs() <= tol,
-                "{:?} {rows}x{cols} t={t}: y[{ti},{r}] = {got}, reference {want}, tolerance {tol}",
-                w.format()
-            );
+            assert!((got - want).abs() <= tol, "{:?} {rows}x{cols} t={t}: y[{ti},{r}] = {got}, reference {want}, tolerance {tol}", w.format());
         }
     }
 }
@@ -67,15 +63,7 @@ fn conversion_is_exact_for_native_formats() {
 fn conversion_of_other_formats_is_within_tolerance() {
     let mut rng = StdRng::seed_from_u64(2);
     let (rows, cols) = (5, 512);
-    for dtype in [
-        GgmlDType::Q4K,
-        GgmlDType::Q5_0,
-        GgmlDType::Q5_1,
-        GgmlDType::Q2K,
-        GgmlDType::Q3K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q5K, GgmlDType::Q6K] {
         let data = random(&mut rng, rows * cols, 2.0);
         let bytes = ggml_bytes(&data, rows, cols, dtype);
         let reference = ggml_dequantize(dtype, &bytes, rows * cols).unwrap();

@@ -22,13 +22,19 @@ fn main() -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let mut out = Vec::new();
     for step in 0..n {
-        let plan = BatchPlan { step: step as u64, seqs: vec![SeqSlice { id: 1, tokens: toks[start..].to_vec(), start_pos: start, block_table: table.clone(), sample: true }], released: vec![] };
+        let plan = BatchPlan {
+            step: step as u64,
+            seqs: vec![SeqSlice { id: 1, tokens: toks[start..].to_vec(), start_pos: start, block_table: table.clone(), sample: true }],
+            released: vec![],
+        };
         let o = runner.execute(&plan)?;
         start = toks.len();
         let t = o.sampled[0].token;
         toks.push(t);
         out.push(t);
-        if step == 0 { println!("first token after {:?}", t0.elapsed()); }
+        if step == 0 {
+            println!("first token after {:?}", t0.elapsed());
+        }
     }
     let el = t0.elapsed();
     println!("{:?}", out);

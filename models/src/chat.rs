@@ -46,10 +46,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with `role` and `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -68,8 +65,7 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 
 impl ChatTemplate {
     /// ChatML, the template used when a model ships none.
-    pub const CHATML: &'static str =
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
+    pub const CHATML: &'static str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
         message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}\
         {{ '<|im_start|>assistant\\n' }}{% endif %}";
 
@@ -85,8 +81,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_owned())
-            .map_err(|e| Error::Template(format!("invalid chat template: {}", describe(&e))))?;
+        env.add_template_owned(NAME, source.to_owned()).map_err(|e| Error::Template(format!("invalid chat template: {}", describe(&e))))?;
         Ok(Self {
             env,
             bos_token: bos_token.unwrap_or_default().to_owned(),
@@ -120,24 +115,14 @@ impl ChatTemplate {
     }
 
     /// [`render`](Self::render) with `strftime_now` seeing `now`.
-    pub fn render_at(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        now: SystemTime,
-    ) -> Result<String> {
+    pub fn render_at(&self, messages: &[ChatMessage], add_generation_prompt: bool, now: SystemTime) -> Result<String> {
         self.render_full(messages, add_generation_prompt, &serde_json::Map::new(), now)
     }
 
     /// [`render`](Self::render) with extra template variables (vLLM's `chat_template_kwargs`,
     /// e.g. `enable_thinking`); `messages`, `add_generation_prompt` and the special tokens
     /// cannot be overridden by them.
-    pub fn render_with(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        extra: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<String> {
+    pub fn render_with(&self, messages: &[ChatMessage], add_generation_prompt: bool, extra: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
         self.render_full(messages, add_generation_prompt, extra, SystemTime::now())
     }
 
@@ -148,14 +133,8 @@ impl ChatTemplate {
         extra: &serde_json::Map<String, serde_json::Value>,
         now: SystemTime,
     ) -> Result<String> {
-        let secs = now
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| Error::Template(describe(&e)))?;
+        let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let tmpl = self.env.get_template(NAME).map_err(|e| Error::Template(describe(&e)))?;
         let fixed = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -199,29 +178,8 @@ fn strftime_now(state: &State, format: String) -> std::result::Result<String, mi
 /// Formats Unix time `secs` (UTC) with the common strftime codes
 /// (`%Y %y %m %d %e %H %I %M %S %p %b %B %a %A %j %%`); other codes are kept as written.
 fn strftime(secs: i64, format: &str) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = secs.div_euclid(86_400);
     let tod = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -300,23 +258,13 @@ struct JsonStyle {
 
 /// `tojson(indent=None, sort_keys=False, ensure_ascii=False, separators=None)`, Hugging Face's
 /// definition: `json.dumps` output, no HTML escaping. Indents above 16 spaces are capped.
-fn tojson(
-    value: Value,
-    indent: Option<Value>,
-    kwargs: Kwargs,
-) -> std::result::Result<String, minijinja::Error> {
+fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> std::result::Result<String, minijinja::Error> {
     let indent = match indent.or(kwargs.get::<Option<Value>>("indent")?) {
-        Some(v) if v.kind() == ValueKind::Number => {
-            Some(" ".repeat(v.as_usize().unwrap_or(0).min(16)))
-        }
+        Some(v) if v.kind() == ValueKind::Number => Some(" ".repeat(v.as_usize().unwrap_or(0).min(16))),
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_owned()),
         _ => None,
     };
-    let (mut item_sep, key_sep) = if indent.is_some() {
-        (",".to_owned(), ": ".to_owned())
-    } else {
-        (", ".to_owned(), ": ".to_owned())
-    };
+    let (mut item_sep, key_sep) = if indent.is_some() { (",".to_owned(), ": ".to_owned()) } else { (", ".to_owned(), ": ".to_owned()) };
     let mut key_sep = key_sep;
     if let Some(seps) = kwargs.get::<Option<Vec<String>>>("separators")? {
         if let [a, b] = seps.as_slice() {
@@ -337,12 +285,7 @@ fn tojson(
     Ok(out)
 }
 
-fn write_json(
-    v: &Value,
-    st: &JsonStyle,
-    level: usize,
-    out: &mut String,
-) -> std::result::Result<(), minijinja::Error> {
+fn write_json(v: &Value, st: &JsonStyle, level: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
     let newline = |out: &mut String, level: usize| {
         if let Some(ind) = &st.indent {
             out.push('\n');
@@ -388,10 +331,7 @@ fn write_json(
                     out.push_str(&st.item_sep);
                 }
                 newline(out, level + 1);
-                let key = k
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| k.to_string());
+                let key = k.as_str().map(str::to_owned).unwrap_or_else(|| k.to_string());
                 write_json_str(&key, st.ensure_ascii, out);
                 out.push_str(&st.key_sep);
                 write_json(&v.get_item(k)?, st, level + 1, out)?;
@@ -459,27 +399,17 @@ mod tests {
     fn dates() {
         // 2024-02-29 13:05:09 UTC, a Thursday.
         let t = 1_709_211_909;
-        assert_eq!(
-            strftime(t, "%Y-%m-%d %H:%M:%S %a %A %b %B %j %y %I%p %%"),
-            "2024-02-29 13:05:09 Thu Thursday Feb February 060 24 01PM %"
-        );
+        assert_eq!(strftime(t, "%Y-%m-%d %H:%M:%S %a %A %b %B %j %y %I%p %%"), "2024-02-29 13:05:09 Thu Thursday Feb February 060 24 01PM %");
         assert_eq!(strftime(0, "%d %b %Y"), "01 Jan 1970");
         assert_eq!(days_from_civil(2024, 2, 29), t / 86_400);
     }
 
     #[test]
     fn tojson_matches_python() {
-        let src =
-            r#"{{ {"b": [1, 2.5, "x\"y"], "a": {"n": none, "t": true, "u": "é<>"}} | tojson }}"#;
-        assert_eq!(
-            render_src(src).ok().as_deref(),
-            Some(r#"{"b": [1, 2.5, "x\"y"], "a": {"n": null, "t": true, "u": "é<>"}}"#)
-        );
+        let src = r#"{{ {"b": [1, 2.5, "x\"y"], "a": {"n": none, "t": true, "u": "é<>"}} | tojson }}"#;
+        assert_eq!(render_src(src).ok().as_deref(), Some(r#"{"b": [1, 2.5, "x\"y"], "a": {"n": null, "t": true, "u": "é<>"}}"#));
         let src = r#"{{ {"b": 1, "a": [1]} | tojson(indent=2, sort_keys=true) }}"#;
-        assert_eq!(
-            render_src(src).ok().as_deref(),
-            Some("{\n  \"a\": [\n    1\n  ],\n  \"b\": 1\n}")
-        );
+        assert_eq!(render_src(src).ok().as_deref(), Some("{\n  \"a\": [\n    1\n  ],\n  \"b\": 1\n}"));
         let src = r#"{{ "é" | tojson(ensure_ascii=true) }}{{ 3.0 | tojson }}"#;
         assert_eq!(render_src(src).ok().as_deref(), Some(r#""\u00e9"3.0"#));
     }

@@ -64,9 +64,7 @@ impl LlamaConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.get_str("general.architecture").unwrap_or("llama");
         if arch != "llama" && arch != "mistral" {
-            return Err(Error::Unsupported(format!(
-                "GGUF architecture '{arch}' (pace serves Llama-family models)"
-            )));
+            return Err(Error::Unsupported(format!("GGUF architecture '{arch}' (pace serves Llama-family models)")));
         }
         let key = |k: &str| format!("{arch}.{k}");
         let hidden_size = g.get_u64(&key("embedding_length"))? as usize;
@@ -190,37 +188,23 @@ impl LlamaConfig {
             tie_word_embeddings: tie,
             rope_style: RopeStyle::Halves,
         };
-        let llama3_scaling = Llama3RopeScaling {
-            factor: 32.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192,
-        };
+        let llama3_scaling = Llama3RopeScaling { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
         Ok(match name {
             "smollm2-135m" => base(576, 1536, 30, 9, 3, 49152, 100_000.0, true, 8192),
             "smollm2-360m" => base(960, 2560, 32, 15, 5, 49152, 100_000.0, true, 8192),
             "tinyllama-1.1b" => base(2048, 5632, 22, 32, 4, 32000, 10_000.0, false, 2048),
-            "llama-3.2-1b" => Self {
-                rope_scaling: Some(llama3_scaling),
-                ..base(2048, 8192, 16, 32, 8, 128_256, 500_000.0, true, 131_072)
-            },
+            "llama-3.2-1b" => Self { rope_scaling: Some(llama3_scaling), ..base(2048, 8192, 16, 32, 8, 128_256, 500_000.0, true, 131_072) },
             "llama-3-8b" => base(4096, 14336, 32, 32, 8, 128_256, 500_000.0, false, 8192),
             "llama-3.1-8b" => Self {
                 rope_scaling: Some(Llama3RopeScaling { factor: 8.0, ..llama3_scaling }),
                 ..base(4096, 14336, 32, 32, 8, 128_256, 500_000.0, false, 131_072)
             },
-            other => {
-                return Err(Error::Invalid(format!(
-                    "unknown dummy model '{other}'; known: {}",
-                    Self::PRESETS.join(", ")
-                )))
-            }
+            other => return Err(Error::Invalid(format!("unknown dummy model '{other}'; known: {}", Self::PRESETS.join(", ")))),
         })
     }
 
     /// Names accepted by [`LlamaConfig::preset`].
-    pub const PRESETS: &'static [&'static str] =
-        &["smollm2-135m", "smollm2-360m", "tinyllama-1.1b", "llama-3.2-1b", "llama-3-8b", "llama-3.1-8b"];
+    pub const PRESETS: &'static [&'static str] = &["smollm2-135m", "smollm2-360m", "tinyllama-1.1b", "llama-3.2-1b", "llama-3-8b", "llama-3.1-8b"];
 
     /// Checks the shape is usable; a malformed file gives an error here, not a panic later.
     pub fn validate(&self) -> Result<()> {
@@ -243,10 +227,7 @@ impl LlamaConfig {
         }
         // The RoPE tables are sized from the context length (unless --max-model-len is smaller).
         if self.max_position_embeddings == 0 || self.max_position_embeddings > LIMIT {
-            return bad(format!(
-                "context length {} (pace takes 1 to {LIMIT} tokens)",
-                self.max_position_embeddings
-            ));
+            return bad(format!("context length {} (pace takes 1 to {LIMIT} tokens)", self.max_position_embeddings));
         }
         Ok(())
     }
@@ -265,8 +246,7 @@ impl LlamaConfig {
                 } else if wavelen > low_wavelen {
                     *freq / s.factor
                 } else {
-                    let smooth = (s.original_max_position_embeddings as f64 / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
+                    let smooth = (s.original_max_position_embeddings as f64 / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
                     (1.0 - smooth) * *freq / s.factor + smooth * *freq
                 };
             }

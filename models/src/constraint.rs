@@ -107,34 +107,21 @@ impl Grammars {
         }
         let vocab = words.len();
         let eog = tokenizer.eos_token_ids().to_vec();
-        let eos = tokenizer.eos_token_id().or(eog.first().copied()).ok_or_else(|| {
-            Error::Unsupported("structured outputs need an end-of-generation token".into())
-        })?;
-        let info = TokRxInfo {
-            tok_bos: tokenizer.bos_token_id(),
-            ..TokRxInfo::new(vocab as u32, eos)
-        };
+        let eos =
+            tokenizer.eos_token_id().or(eog.first().copied()).ok_or_else(|| Error::Unsupported("structured outputs need an end-of-generation token".into()))?;
+        let info = TokRxInfo { tok_bos: tokenizer.bos_token_id(), ..TokRxInfo::new(vocab as u32, eos) };
         let mut ends = vec![eos];
         ends.extend(eog.iter().copied().filter(|&t| t != eos && (t as usize) < vocab));
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&ends);
         let eos_set = Arc::new(trie.eos_token_set());
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| Error::Invalid(format!("building the grammar engine: {e}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Invalid(format!("building the grammar engine: {e}")))?;
         factory.quiet();
         // Bounds on one request's work. Per mask: llguidance's defaults (about 15 ms of lexer
         // and parser work at most). Lexer states hold about 1-2 kB each: 50k of them (not the
         // default 250k) keep one hostile grammar under ~100 MB.
-        *factory.limits_mut() = ParserLimits {
-            max_lexer_states: 50_000,
-            ..ParserLimits::default()
-        };
-        Ok(Self {
-            factory,
-            vocab,
-            eos: eos_set,
-            stats: Arc::new(MaskStats::default()),
-        })
+        *factory.limits_mut() = ParserLimits { max_lexer_states: 50_000, ..ParserLimits::default() };
+        Ok(Self { factory, vocab, eos: eos_set, stats: Arc::new(MaskStats::default()) })
     }
 
     /// Ids in a mask (the model's vocabulary).
@@ -157,9 +144,7 @@ impl Grammars {
                 }
                 TopLevelGrammar::from_json_schema(with_layout(schema.clone(), ws))
             }
-            GrammarSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(with_layout(serde_json::json!({"type": "object"}), ws))
-            }
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_layout(serde_json::json!({"type": "object"}), ws)),
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Choice(options) => {
                 if options.is_empty() {
@@ -175,13 +160,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Constraint {
-            matcher,
-            mask: None,
-            stats: self.stats.clone(),
-            eos: self.eos.clone(),
-            error_counted: false,
-        })
+        Ok(Constraint { matcher, mask: None, stats: self.stats.clone(), eos: self.eos.clone(), error_counted: false })
     }
 }
 
@@ -229,10 +208,7 @@ impl Clone for Constraint {
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint")
-            .field("stopped", &self.matcher.is_stopped())
-            .field("error", &self.matcher.get_error())
-            .finish_non_exhaustive()
+        f.debug_struct("Constraint").field("stopped", &self.matcher.is_stopped()).field("error", &self.matcher.get_error()).finish_non_exhaustive()
     }
 }
 

@@ -263,16 +263,12 @@ impl GgufFile {
             for _ in 0..n_dims {
                 dims.push(r.u64()?);
             }
-            let dtype = GgmlType::from_id(r.u32()?)
-                .map_err(|e| e.context(format!("tensor {name}")))?;
+            let dtype = GgmlType::from_id(r.u32()?).map_err(|e| e.context(format!("tensor {name}")))?;
             let offset = r.u64()?;
             raw.push((name, dims, dtype, offset));
         }
         let alignment = match metadata.get("general.alignment") {
-            Some(v) => v
-                .as_u64()
-                .filter(|a| *a > 0 && a.is_power_of_two())
-                .ok_or_else(|| Error::Format("general.alignment is not a power of two".into()))?,
+            Some(v) => v.as_u64().filter(|a| *a > 0 && a.is_power_of_two()).ok_or_else(|| Error::Format("general.alignment is not a power of two".into()))?,
             None => DEFAULT_ALIGNMENT,
         };
         let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
@@ -280,19 +276,13 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(raw.len());
         let mut by_name = HashMap::with_capacity(raw.len());
         for (name, dims, dtype, offset) in raw {
-            let elems = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| Error::Format(format!("tensor {name}: element count overflows")))?;
-            let len = dtype.bytes_for(elems).ok_or_else(|| {
-                Error::Format(format!("tensor {name}: {elems} elements is not whole {dtype:?} blocks"))
-            })?;
+            let elems =
+                dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| Error::Format(format!("tensor {name}: element count overflows")))?;
+            let len = dtype.bytes_for(elems).ok_or_else(|| Error::Format(format!("tensor {name}: {elems} elements is not whole {dtype:?} blocks")))?;
             let start = data_start
                 .checked_add(offset)
                 .filter(|s| s.checked_add(len).is_some_and(|end| end <= file_len))
-                .ok_or_else(|| {
-                    Error::Format(format!("tensor {name}: data lies outside the file (truncated?)"))
-                })?;
+                .ok_or_else(|| Error::Format(format!("tensor {name}: data lies outside the file (truncated?)")))?;
             if by_name.insert(name.clone(), tensors.len()).is_some() {
                 return Err(Error::Format(format!("tensor {name} appears twice")));
             }
@@ -318,16 +308,12 @@ impl GgufFile {
 
     /// A required unsigned integer metadata value.
     pub fn get_u64(&self, key: &str) -> Result<u64> {
-        self.get(key)
-            .and_then(MetaValue::as_u64)
-            .ok_or_else(|| Error::Format(format!("GGUF metadata {key} is missing or not an integer")))
+        self.get(key).and_then(MetaValue::as_u64).ok_or_else(|| Error::Format(format!("GGUF metadata {key} is missing or not an integer")))
     }
 
     /// A required float metadata value.
     pub fn get_f64(&self, key: &str) -> Result<f64> {
-        self.get(key)
-            .and_then(MetaValue::as_f64)
-            .ok_or_else(|| Error::Format(format!("GGUF metadata {key} is missing or not a number")))
+        self.get(key).and_then(MetaValue::as_f64).ok_or_else(|| Error::Format(format!("GGUF metadata {key} is missing or not a number")))
     }
 
     /// A string metadata value, if present.
@@ -369,9 +355,7 @@ impl<'a> Reader<'a> {
                 self.budget = left;
                 Ok(())
             }
-            None => Err(Error::Format(
-                "the metadata would take more memory than a file of this size can justify".into(),
-            )),
+            None => Err(Error::Format("the metadata would take more memory than a file of this size can justify".into())),
         }
     }
 
@@ -381,11 +365,7 @@ impl<'a> Reader<'a> {
 
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         if n > self.remaining() {
-            return Err(Error::Format(format!(
-                "header truncated: need {n} bytes at offset {}, {} left",
-                self.pos,
-                self.remaining()
-            )));
+            return Err(Error::Format(format!("header truncated: need {n} bytes at offset {}, {} left", self.pos, self.remaining())));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -409,9 +389,7 @@ impl<'a> Reader<'a> {
     /// Rejects a count of items that cannot fit in the remaining bytes at `min_size` each.
     fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<()> {
         if count.saturating_mul(min_size) > self.remaining() as u64 {
-            return Err(Error::Format(format!(
-                "header claims {count} {what}, more than the file can hold"
-            )));
+            return Err(Error::Format(format!("header claims {count} {what}, more than the file can hold")));
         }
         Ok(())
     }

@@ -77,17 +77,12 @@ pub fn resolve(spec: &str, dirs: &[PathBuf]) -> Result<Resolved> {
     if let Some(f) = file {
         let path = snapshot.join(f);
         if !path.is_file() {
-            return Err(Error::Invalid(format!(
-                "--model {spec}: {f} is not in {} (GGUF files there: {})",
-                snapshot.display(),
-                list(&ggufs(&snapshot))
-            )));
+            return Err(Error::Invalid(format!("--model {spec}: {f} is not in {} (GGUF files there: {})", snapshot.display(), list(&ggufs(&snapshot)))));
         }
         return Ok(Resolved::Gguf(path));
     }
-    let has_safetensors = std::fs::read_dir(&snapshot)
-        .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
-        .unwrap_or(false);
+    let has_safetensors =
+        std::fs::read_dir(&snapshot).map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))).unwrap_or(false);
     if snapshot.join("config.json").is_file() && has_safetensors {
         return Ok(Resolved::HfDir(snapshot));
     }
@@ -115,11 +110,7 @@ fn snapshot(root: &Path, spec: &str) -> Result<PathBuf> {
         if dir.is_dir() {
             return Ok(dir);
         }
-        return Err(Error::Invalid(format!(
-            "--model {spec}: refs/main names {} but {} is missing (an interrupted download?)",
-            commit.trim(),
-            dir.display()
-        )));
+        return Err(Error::Invalid(format!("--model {spec}: refs/main names {} but {} is missing (an interrupted download?)", commit.trim(), dir.display())));
     }
     let mut all: Vec<PathBuf> = std::fs::read_dir(&snapshots).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default();
     all.sort();

@@ -1,5 +1,6 @@
 //! pace-models: the Llama-family model, its weights, tokenizer, chat template, sampler and runner.
 
+pub mod chat;
 pub mod config;
 pub mod constraint;
 pub mod error;
@@ -11,9 +12,8 @@ pub mod linear;
 pub mod llama;
 pub mod loader;
 pub mod runner;
-pub mod tokenizer;
-pub mod chat;
 pub mod sampler;
+pub mod tokenizer;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -60,16 +60,24 @@ impl Linear {
     /// Stacks layers that read the same input into one (q/k/v, gate/up), when their storage
     /// allows it; otherwise `None` and the caller keeps them apart.
     pub fn concat_rows(parts: &[&Linear]) -> Result<Option<Linear>> {
-        if let Some(qs) = parts.iter().map(|p| match p {
-            Self::Quant(q) => Some(q.as_ref()),
-            _ => None,
-        }).collect::<Option<Vec<_>>>() {
+        if let Some(qs) = parts
+            .iter()
+            .map(|p| match p {
+                Self::Quant(q) => Some(q.as_ref()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
             return Ok(QuantMatrix::concat_rows(&qs).ok().map(|m| Self::Quant(Arc::new(m))));
         }
-        if let Some(ds) = parts.iter().map(|p| match p {
-            Self::Dense(t) => Some(t),
-            _ => None,
-        }).collect::<Option<Vec<_>>>() {
+        if let Some(ds) = parts
+            .iter()
+            .map(|p| match p {
+                Self::Dense(t) => Some(t),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
             if ds.windows(2).all(|w| w[0].dtype() == w[1].dtype() && w[0].dims()[1] == w[1].dims()[1]) {
                 return Ok(Some(Self::Dense(Tensor::cat(&ds, 0)?)));
             }

@@ -76,15 +76,8 @@ impl Llama {
                 }
             }
             let t = |x| TensorId::Layer(i, x);
-            let qkv = vec![
-                w.linear(t(LayerTensor::Q), nq, h)?,
-                w.linear(t(LayerTensor::K), nkv, h)?,
-                w.linear(t(LayerTensor::V), nkv, h)?,
-            ];
-            let gate_up = vec![
-                w.linear(t(LayerTensor::Gate), cfg.intermediate_size, h)?,
-                w.linear(t(LayerTensor::Up), cfg.intermediate_size, h)?,
-            ];
+            let qkv = vec![w.linear(t(LayerTensor::Q), nq, h)?, w.linear(t(LayerTensor::K), nkv, h)?, w.linear(t(LayerTensor::V), nkv, h)?];
+            let gate_up = vec![w.linear(t(LayerTensor::Gate), cfg.intermediate_size, h)?, w.linear(t(LayerTensor::Up), cfg.intermediate_size, h)?];
             blocks.push(Block {
                 attn_norm: w.vector(t(LayerTensor::AttnNorm), h)?,
                 qkv: FusedLinear::new(qkv)?,
@@ -114,21 +107,8 @@ impl Llama {
         }
         let device = w.device().clone();
         let dtype = w.dtype();
-        let table = |v: Vec<f32>| -> Result<Tensor> {
-            Ok(Tensor::from_vec(v, (max_positions, d / 2), &Device::Cpu)?.to_dtype(dtype)?.to_device(&device)?)
-        };
-        Ok(Self {
-            cfg: cfg.clone(),
-            embed,
-            blocks,
-            norm,
-            lm_head,
-            cos: table(cos)?,
-            sin: table(sin)?,
-            device,
-            dtype,
-            max_positions,
-        })
+        let table = |v: Vec<f32>| -> Result<Tensor> { Ok(Tensor::from_vec(v, (max_positions, d / 2), &Device::Cpu)?.to_dtype(dtype)?.to_device(&device)?) };
+        Ok(Self { cfg: cfg.clone(), embed, blocks, norm, lm_head, cos: table(cos)?, sin: table(sin)?, device, dtype, max_positions })
     }
 
     /// Hyper-parameters.
@@ -174,19 +154,13 @@ impl Llama {
         let mut x = self.embed.forward(&input.token_ids_host, &input.token_ids, &self.device)?.to_dtype(self.dtype)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let [q, k, v]: [Tensor; 3] = b
-                .qkv
-                .forward(&h)?
-                .try_into()
-                .map_err(|_| Error::Invalid("q/k/v projection returned the wrong parts".into()))?;
+            let [q, k, v]: [Tensor; 3] = b.qkv.forward(&h)?.try_into().map_err(|_| Error::Invalid("q/k/v projection returned the wrong parts".into()))?;
             let q = self.rope(&q.reshape((t, hq, 1, d))?.contiguous()?, &cos, &sin)?.reshape((t, hq, d))?;
             let k = self.rope(&k.reshape((t, hkv, 1, d))?.contiguous()?, &cos, &sin)?.reshape((t, hkv, d))?;
             let v = v.reshape((t, hkv, d))?;
             reshape_and_cache(&k, &cache.k[i], &input.slots)?;
             reshape_and_cache(&v, &cache.v[i], &input.slots)?;
-            let a = paged_attention(&q, &cache.k[i], &cache.v[i], &input.attn, scale)?
-                .to_dtype(self.dtype)?
-                .reshape((t, hq * d))?;
+            let a = paged_attention(&q, &cache.k[i], &cache.v[i], &input.attn, scale)?.to_dtype(self.dtype)?.reshape((t, hq * d))?;
             x = (x + b.o.forward(&a)?.to_dtype(self.dtype)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let m = pace_kernels::silu_mul(&b.gate_up.forward_concat(&h)?, cfg.intermediate_size)?;

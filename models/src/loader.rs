@@ -100,11 +100,7 @@ impl ModelSource {
         match self {
             Self::Default => fetch::DEFAULT_MODEL_NAME.to_string(),
             Self::Gguf(p) => p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()),
-            Self::HfDir(p) => p
-                .canonicalize()
-                .ok()
-                .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "model".into()),
+            Self::HfDir(p) => p.canonicalize().ok().and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned())).unwrap_or_else(|| "model".into()),
             Self::Dummy { name, .. } => format!("dummy-{name}"),
             Self::Hub { id, .. } => id.clone(),
         }
@@ -136,9 +132,8 @@ pub fn parse_device(spec: &str) -> Result<Device> {
         }
         // One stream for every thread (pace_kernels::device::open_cuda), kernels loaded: a broken
         // installation fails here, at start-up.
-        let dev = pace_kernels::device::open_cuda(n).map_err(|e| {
-            Error::Invalid(format!("--device {spec}: CUDA device {n} is not usable ({})", first_line(&e.to_string())))
-        })?;
+        let dev = pace_kernels::device::open_cuda(n)
+            .map_err(|e| Error::Invalid(format!("--device {spec}: CUDA device {n} is not usable ({})", first_line(&e.to_string()))))?;
         let name = pace_kernels::device::describe(&dev).unwrap_or_else(|| format!("CUDA device {n}"));
         tracing::info!("using {name}");
         Ok(dev)
@@ -262,20 +257,14 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
         None => tokenizer,
     };
     if !dev.is_cpu() && cfg.head_dim != 64 && cfg.head_dim != 128 {
-        return Err(Error::Unsupported(format!(
-            "head size {}: pace's CUDA attention kernels take head sizes 64 and 128 (use --device cpu)",
-            cfg.head_dim
-        )));
+        return Err(Error::Unsupported(format!("head size {}: pace's CUDA attention kernels take head sizes 64 and 128 (use --device cpu)", cfg.head_dim)));
     }
     let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len == 0 {
         return Err(Error::Invalid("--max-model-len must be positive".into()));
     }
     if max_model_len > cfg.max_position_embeddings {
-        return Err(Error::Invalid(format!(
-            "--max-model-len {max_model_len} is longer than the model's context length ({})",
-            cfg.max_position_embeddings
-        )));
+        return Err(Error::Invalid(format!("--max-model-len {max_model_len} is longer than the model's context length ({})", cfg.max_position_embeddings)));
     }
     // Every id the tokenizer can produce (and the API accepts) must have an embedding row.
     if tokenizer.vocab_size() > cfg.vocab_size {
@@ -332,4 +321,3 @@ fn gguf_parts(path: &Path, dev: &Device, asked: Option<DType>) -> Result<(LlamaC
     let desc = format!("{} (GGUF v{}, {} tensors)", path.display(), g.version, g.tensors.len());
     Ok((cfg, WeightLoader::gguf(g, dev.clone(), dtype), tokenizer, desc))
 }
-

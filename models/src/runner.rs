@@ -74,13 +74,8 @@ impl ModelRunner {
         // Grammar masks of the constrained rows are computed on this thread meanwhile (they
         // depend only on the tokens already committed); sampling then only applies them.
         let mut constrained: Vec<&mut Sampler> = if self.samplers.values().any(Sampler::is_constrained) {
-            let sampled: std::collections::HashSet<RequestId> =
-                plan.seqs.iter().filter(|s| s.sample).map(|s| s.id).collect();
-            self.samplers
-                .iter_mut()
-                .filter(|(id, s)| s.is_constrained() && sampled.contains(id))
-                .map(|(_, s)| s)
-                .collect()
+            let sampled: std::collections::HashSet<RequestId> = plan.seqs.iter().filter(|s| s.sample).map(|s| s.id).collect();
+            self.samplers.iter_mut().filter(|(id, s)| s.is_constrained() && sampled.contains(id)).map(|(_, s)| s).collect()
         } else {
             Vec::new()
         };
@@ -114,10 +109,7 @@ impl ModelRunner {
         let mut sampled = Vec::with_capacity(rows.len());
         let mut complete = Vec::new();
         for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {
-            let sampler = self
-                .samplers
-                .get_mut(&s.id)
-                .ok_or_else(|| Error::Invalid(format!("request {} has no sampler", s.id)))?;
+            let sampler = self.samplers.get_mut(&s.id).ok_or_else(|| Error::Invalid(format!("request {} has no sampler", s.id)))?;
             let mut tok = sampler.sample(row)?;
             tok.id = s.id;
             sampled.push(tok);

@@ -103,10 +103,7 @@ impl From<ParamError> for Error {
 impl SamplingParams {
     /// Greedy decoding, no penalties.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, ..Self::default() }
     }
 
     /// True if sampling is deterministic argmax.
@@ -117,73 +114,33 @@ impl SamplingParams {
     /// True if the token is the argmax of the raw logits: greedy, with no penalty and no
     /// logprobs (which need the whole row).
     pub fn is_plain_greedy(&self) -> bool {
-        self.is_greedy()
-            && self.logprobs.is_none()
-            && self.repetition_penalty == 1.0
-            && self.frequency_penalty == 0.0
-            && self.presence_penalty == 0.0
+        self.is_greedy() && self.logprobs.is_none() && self.repetition_penalty == 1.0 && self.frequency_penalty == 0.0 && self.presence_penalty == 0.0
     }
 
     /// Checks every parameter's range; the first bad one is named in the error.
     pub fn validate(&self) -> std::result::Result<(), ParamError> {
-        fn check(
-            ok: bool,
-            param: &'static str,
-            v: f32,
-            range: &str,
-        ) -> std::result::Result<(), ParamError> {
+        fn check(ok: bool, param: &'static str, v: f32, range: &str) -> std::result::Result<(), ParamError> {
             if ok {
                 Ok(())
             } else {
-                Err(ParamError {
-                    param,
-                    message: format!("{v} is not in {range}"),
-                })
+                Err(ParamError { param, message: format!("{v} is not in {range}") })
             }
         }
         let t = self.temperature;
-        check(
-            t.is_finite() && (0.0..=2.0).contains(&t),
-            "temperature",
-            t,
-            "[0, 2]",
-        )?;
+        check(t.is_finite() && (0.0..=2.0).contains(&t), "temperature", t, "[0, 2]")?;
         let p = self.top_p;
         check(p.is_finite() && p > 0.0 && p <= 1.0, "top_p", p, "(0, 1]")?;
         let m = self.min_p;
-        check(
-            m.is_finite() && (0.0..=1.0).contains(&m),
-            "min_p",
-            m,
-            "[0, 1]",
-        )?;
+        check(m.is_finite() && (0.0..=1.0).contains(&m), "min_p", m, "[0, 1]")?;
         let pp = self.presence_penalty;
-        check(
-            pp.is_finite() && (-2.0..=2.0).contains(&pp),
-            "presence_penalty",
-            pp,
-            "[-2, 2]",
-        )?;
+        check(pp.is_finite() && (-2.0..=2.0).contains(&pp), "presence_penalty", pp, "[-2, 2]")?;
         let fp = self.frequency_penalty;
-        check(
-            fp.is_finite() && (-2.0..=2.0).contains(&fp),
-            "frequency_penalty",
-            fp,
-            "[-2, 2]",
-        )?;
+        check(fp.is_finite() && (-2.0..=2.0).contains(&fp), "frequency_penalty", fp, "[-2, 2]")?;
         let rp = self.repetition_penalty;
-        check(
-            rp.is_finite() && rp > 0.0,
-            "repetition_penalty",
-            rp,
-            "(0, inf)",
-        )?;
+        check(rp.is_finite() && rp > 0.0, "repetition_penalty", rp, "(0, inf)")?;
         if let Some(n) = self.logprobs {
             if n > MAX_TOP_LOGPROBS {
-                return Err(ParamError {
-                    param: "logprobs",
-                    message: format!("{n} is more than the maximum of {MAX_TOP_LOGPROBS}"),
-                });
+                return Err(ParamError { param: "logprobs", message: format!("{n} is more than the maximum of {MAX_TOP_LOGPROBS}") });
             }
         }
         Ok(())
@@ -210,17 +167,10 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for one request. Invalid parameters are an error naming the parameter.
-    pub fn new(
-        params: SamplingParams,
-        prompt_tokens: &[u32],
-    ) -> std::result::Result<Self, ParamError> {
+    pub fn new(params: SamplingParams, prompt_tokens: &[u32]) -> std::result::Result<Self, ParamError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(rand::random);
-        let prompt_tokens = if params.repetition_penalty != 1.0 {
-            prompt_tokens.iter().copied().collect()
-        } else {
-            HashSet::new()
-        };
+        let prompt_tokens = if params.repetition_penalty != 1.0 { prompt_tokens.iter().copied().collect() } else { HashSet::new() };
         Ok(Self {
             params,
             seed,
@@ -300,19 +250,11 @@ impl Sampler {
             let inv_t = if t > 0.0 { 1.0 / t } else { 1.0 };
             for l in logits.iter_mut() {
                 // Branch-free so it vectorises: NaN -> -inf, +inf -> MAX, then scale.
-                let x = if l.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    l.min(f32::MAX)
-                };
+                let x = if l.is_nan() { f32::NEG_INFINITY } else { l.min(f32::MAX) };
                 *l = x * inv_t;
             }
         }
-        let mut token = if greedy {
-            argmax(logits)
-        } else {
-            self.draw(logits)
-        };
+        let mut token = if greedy { argmax(logits) } else { self.draw(logits) };
         if let Some(c) = &mut self.constraint {
             // Every allowed logit is -inf or NaN (a broken model row): take the lowest allowed id
             // rather than one the grammar forbids.
@@ -325,31 +267,19 @@ impl Sampler {
             None => (None, Vec::new()),
             Some(n) => {
                 let lse = log_sum_exp(logits, &mut self.weights);
-                let top = top_n(logits, n)
-                    .into_iter()
-                    .map(|(i, l)| (i, l - lse))
-                    .collect();
+                let top = top_n(logits, n).into_iter().map(|(i, l)| (i, l - lse)).collect();
                 (Some(logits[token as usize] - lse), top)
             }
         };
         self.record(token);
-        Ok(SampledToken {
-            id: 0,
-            token,
-            logprob,
-            top_logprobs,
-        })
+        Ok(SampledToken { id: 0, token, logprob, top_logprobs })
     }
 
     fn apply_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             let r = p.repetition_penalty;
-            let seen = self.prompt_tokens.iter().chain(
-                self.output_counts
-                    .keys()
-                    .filter(|t| !self.prompt_tokens.contains(t)),
-            );
+            let seen = self.prompt_tokens.iter().chain(self.output_counts.keys().filter(|t| !self.prompt_tokens.contains(t)));
             for &t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l = if *l > 0.0 { *l / r } else { *l * r };
@@ -376,11 +306,7 @@ impl Sampler {
         // weights[i] = exp(l_i - max): unnormalised probabilities.
         exp_shifted(logits, max, &mut self.weights);
         // p_i >= min_p * p_max  <=>  l_i >= max + ln(min_p); the most likely token always stays.
-        let floor = if p.min_p > 0.0 {
-            max + p.min_p.ln()
-        } else {
-            f32::NEG_INFINITY
-        };
+        let floor = if p.min_p > 0.0 { max + p.min_p.ln() } else { f32::NEG_INFINITY };
         let top_k = (p.top_k as usize).min(v);
 
         if top_k == 0 && p.top_p >= 1.0 {
@@ -394,29 +320,19 @@ impl Sampler {
             }
             let total = sum(&self.weights);
             let u = self.rng.random::<f64>() * total;
-            return pick(self.weights.iter().copied().zip(0..v as u32), u)
-                .unwrap_or(argmax(logits));
+            return pick(self.weights.iter().copied().zip(0..v as u32), u).unwrap_or(argmax(logits));
         }
 
         // Candidates as sort keys: ascending key = higher logit first, then lower id.
         self.keys.clear();
-        self.keys.extend(
-            logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| rank_key(l, i as u32)),
-        );
+        self.keys.extend(logits.iter().enumerate().map(|(i, &l)| rank_key(l, i as u32)));
         if top_k > 0 && top_k < v {
             self.keys.select_nth_unstable(top_k);
             self.keys.truncate(top_k);
         }
         if p.top_p < 1.0 {
             let w = &self.weights;
-            let total = if self.keys.len() == v {
-                sum(w)
-            } else {
-                self.keys.iter().map(|&k| w[key_id(k)] as f64).sum()
-            };
+            let total = if self.keys.len() == v { sum(w) } else { self.keys.iter().map(|&k| w[key_id(k)] as f64).sum() };
             let cut = nucleus_len(&mut self.keys, w, p.top_p as f64 * total);
             self.keys.truncate(cut);
         }
@@ -426,11 +342,7 @@ impl Sampler {
         let w = &self.weights;
         let total: f64 = self.keys.iter().map(|&k| w[key_id(k)] as f64).sum();
         let u = self.rng.random::<f64>() * total;
-        pick(
-            self.keys.iter().map(|&k| (w[key_id(k)], key_id(k) as u32)),
-            u,
-        )
-        .unwrap_or(argmax(logits))
+        pick(self.keys.iter().map(|&k| (w[key_id(k)], key_id(k) as u32)), u).unwrap_or(argmax(logits))
     }
 }
 
@@ -454,11 +366,7 @@ fn pick(items: impl Iterator<Item = (f32, u32)>, mut u: f64) -> Option<u32> {
 fn rank_key(logit: f32, id: u32) -> u64 {
     let b = logit.to_bits();
     // Monotonic map of floats to unsigned integers, then inverted for descending order.
-    let asc = if b & 0x8000_0000 != 0 {
-        !b
-    } else {
-        b | 0x8000_0000
-    };
+    let asc = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
     ((!asc as u64) << 32) | id as u64
 }
 
@@ -506,10 +414,7 @@ fn exp_nonpos(x: f32) -> f32 {
     let t = xc * LOG2E + ROUND;
     let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     // t's low mantissa bits hold the integer n (its ulp is 1): 2^n built from them with integer
     // operations only, which vectorise where a float-to-int cast does not.
     let n_bits = t.to_bits().wrapping_sub(ROUND.to_bits());
@@ -583,16 +488,9 @@ mod tests {
         let l = [0.5, 2.0, -1.0, 2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, f32::NAN];
         assert_eq!(top_n(&l, 3), vec![(1, 2.0), (3, 2.0), (9, 2.0)]);
         assert_eq!(top_n(&l, 0), vec![]);
-        let mut keys: Vec<u64> = l[..5]
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| rank_key(x, i as u32))
-            .collect();
+        let mut keys: Vec<u64> = l[..5].iter().enumerate().map(|(i, &x)| rank_key(x, i as u32)).collect();
         keys.sort_unstable();
-        assert_eq!(
-            keys.iter().map(|&k| key_id(k)).collect::<Vec<_>>(),
-            vec![1, 3, 4, 0, 2]
-        );
+        assert_eq!(keys.iter().map(|&k| key_id(k)).collect::<Vec<_>>(), vec![1, 3, 4, 0, 2]);
         let mut scratch = Vec::new();
         assert!((log_sum_exp(&[0.0, 0.0], &mut scratch) - 2f32.ln()).abs() < 1e-6);
     }
@@ -602,10 +500,7 @@ mod tests {
         let mut x = 0.0f32;
         while x > -87.0 {
             let (got, want) = (exp_nonpos(x) as f64, (x as f64).exp());
-            assert!(
-                ((got - want) / want).abs() < 3e-7,
-                "exp({x}) = {got}, want {want}"
-            );
+            assert!(((got - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
             x -= 0.0137;
         }
         assert_eq!(exp_nonpos(0.0), 1.0);
@@ -616,11 +511,7 @@ mod tests {
     #[test]
     fn nucleus_len_takes_the_fewest_best() {
         let w: Vec<f32> = (0..1000).map(|i| 1.0 / (1.0 + i as f32)).collect();
-        let mut keys: Vec<u64> = w
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| rank_key(x.ln(), i as u32))
-            .collect();
+        let mut keys: Vec<u64> = w.iter().enumerate().map(|(i, &x)| rank_key(x.ln(), i as u32)).collect();
         let total: f64 = w.iter().map(|&x| x as f64).sum();
         for p in [0.01, 0.3, 0.5, 0.9, 0.999, 1.0] {
             let n = nucleus_len(&mut keys, &w, p * total);
@@ -629,10 +520,7 @@ mod tests {
             // The n best are ids 0..n, and n is the fewest reaching the mass.
             assert_eq!(ids, (0..n).collect::<Vec<_>>());
             let mass = |k: usize| w[..k].iter().map(|&x| x as f64).sum::<f64>();
-            assert!(
-                mass(n) >= p * total - 1e-9 && (n == 1 || mass(n - 1) < p * total),
-                "p={p} n={n}"
-            );
+            assert!(mass(n) >= p * total - 1e-9 && (n == 1 || mass(n - 1) < p * total), "p={p} n={n}");
         }
     }
 }

@@ -35,17 +35,7 @@ pub use stream::{IncrementalDecoder, StopMatcher, StopOutput};
 
 /// Token texts that end generation when the vocabulary has them (besides the EOS id itself):
 /// end-of-turn markers of the chat formats in use, as llama.cpp lists them.
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "<|end_of_text|>",
-    "</s>",
-];
+const EOG_TEXTS: &[&str] = &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>", "</s>"];
 
 /// What a vocabulary entry is; decides how it is matched in text and how it decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,15 +226,11 @@ impl Tokenizer {
         };
         let n = p.pieces.len();
         if p.kinds.len() != n {
-            return Err(Error::Tokenizer(
-                "token kinds do not match the vocabulary".into(),
-            ));
+            return Err(Error::Tokenizer("token kinds do not match the vocabulary".into()));
         }
         let in_vocab = |id: &u32| (*id as usize) < n;
         if let Some(bad) = p.prefix.iter().chain(&p.suffix).find(|id| !in_vocab(id)) {
-            return Err(Error::Format(format!(
-                "special token id {bad} outside the vocabulary"
-            )));
+            return Err(Error::Format(format!("special token id {bad} outside the vocabulary")));
         }
 
         let mut bytes = Vec::with_capacity(n * 6);
@@ -267,23 +253,13 @@ impl Tokenizer {
             };
             let id = id as u32;
             let (lstrip, rstrip) = p.strip_flags.get(&id).copied().unwrap_or((false, false));
-            specials_by_byte[first as usize].push(SpecialToken {
-                id,
-                control,
-                lstrip,
-                rstrip,
-            });
+            specials_by_byte[first as usize].push(SpecialToken { id, control, lstrip, rstrip });
         }
         for list in &mut specials_by_byte {
             list.sort_by_key(|s| std::cmp::Reverse(p.pieces[s.id as usize].len()));
         }
 
-        let mut eog: Vec<u32> = p
-            .eos
-            .into_iter()
-            .chain(p.extra_eog.iter().copied())
-            .filter(in_vocab)
-            .collect();
+        let mut eog: Vec<u32> = p.eos.into_iter().chain(p.extra_eog.iter().copied()).filter(in_vocab).collect();
         for (id, piece) in p.pieces.iter().enumerate() {
             if EOG_TEXTS.contains(&piece.as_str()) && p.kinds[id] != TokenKind::Normal {
                 eog.push(id as u32);
@@ -314,13 +290,7 @@ impl Tokenizer {
     /// chat prompt becomes one token). `add_special_tokens` adds the BOS/EOS the model wants
     /// (most chat templates write BOS themselves: encode their output with `false`).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        self.encode_with(
-            text,
-            EncodeOptions {
-                add_special_tokens,
-                parse_special: true,
-            },
-        )
+        self.encode_with(text, EncodeOptions { add_special_tokens, parse_special: true })
     }
 
     /// Encodes `text` with explicit options.
@@ -352,9 +322,7 @@ impl Tokenizer {
     fn encode_plain(&self, text: &str, after_special: bool, out: &mut Vec<u32>) -> Result<()> {
         match &self.encoder {
             Encoder::Hf(hf) => {
-                let enc = hf
-                    .encode(text, false)
-                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+                let enc = hf.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
                 out.extend_from_slice(enc.get_ids());
                 Ok(())
             }
@@ -416,31 +384,16 @@ impl Tokenizer {
 
     /// The bytes token `id` contributes to a decoded text, None if it is skipped. `first`: no
     /// earlier token contributed to this text (SentencePiece drops its leading space).
-    pub(crate) fn piece_bytes(
-        &self,
-        id: u32,
-        skip_special: bool,
-        first: bool,
-    ) -> Result<Option<&[u8]>> {
+    pub(crate) fn piece_bytes(&self, id: u32, skip_special: bool, first: bool) -> Result<Option<&[u8]>> {
         let i = id as usize;
         let Some(kind) = self.kinds.get(i) else {
-            return Err(Error::Invalid(format!(
-                "token id {id} is outside the vocabulary (size {})",
-                self.vocab_size()
-            )));
+            return Err(Error::Invalid(format!("token id {id} is outside the vocabulary (size {})", self.vocab_size())));
         };
         if skip_special && kind.is_special() {
             return Ok(None);
         }
         let mut b = &self.bytes[self.offsets[i]..self.offsets[i + 1]];
-        if first
-            && matches!(
-                self.style,
-                DecodeStyle::SentencePiece {
-                    strip_leading_space: true
-                }
-            )
-        {
+        if first && matches!(self.style, DecodeStyle::SentencePiece { strip_leading_space: true }) {
             b = b.strip_prefix(b" ").unwrap_or(b);
         }
         Ok(Some(b))
@@ -490,10 +443,7 @@ impl Tokenizer {
     /// The raw vocabulary entry of `id` (`Ġthe`, `▁the`, `<|im_end|>`), None if out of range or
     /// empty.
     pub fn token_str(&self, id: u32) -> Option<&str> {
-        self.pieces
-            .get(id as usize)
-            .map(String::as_str)
-            .filter(|s| !s.is_empty())
+        self.pieces.get(id as usize).map(String::as_str).filter(|s| !s.is_empty())
     }
 
     /// The bytes `id` decodes to on its own, e.g. for OpenAI's logprob `bytes` field (may be an
@@ -525,10 +475,7 @@ impl Tokenizer {
     /// The id of a vocabulary entry by its raw text, e.g. `token_id("<|im_end|>")` (a linear
     /// scan: for set-up, not per token).
     pub fn token_id(&self, piece: &str) -> Option<u32> {
-        self.pieces
-            .iter()
-            .position(|p| p == piece)
-            .map(|i| i as u32)
+        self.pieces.iter().position(|p| p == piece).map(|i| i as u32)
     }
 
     /// True for control tokens (those [`decode`](Self::decode) skips on request).
@@ -546,9 +493,7 @@ impl Tokenizer {
 fn token_bytes_into(piece: &str, kind: TokenKind, style: DecodeStyle, out: &mut Vec<u8>) {
     match kind {
         TokenKind::Byte(b) => out.push(b),
-        TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown => {
-            out.extend_from_slice(piece.as_bytes())
-        }
+        TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown => out.extend_from_slice(piece.as_bytes()),
         TokenKind::Normal | TokenKind::Unused => match style {
             DecodeStyle::ByteLevel => byte_level_decode_into(piece, out),
             DecodeStyle::SentencePiece { .. } => {
@@ -588,13 +533,7 @@ fn byte_level_chars() -> [char; 256] {
 fn byte_level_decode_into(piece: &str, out: &mut Vec<u8>) {
     use std::sync::OnceLock;
     static INVERSE: OnceLock<HashMap<char, u8>> = OnceLock::new();
-    let inv = INVERSE.get_or_init(|| {
-        byte_level_chars()
-            .iter()
-            .enumerate()
-            .map(|(b, &c)| (c, b as u8))
-            .collect()
-    });
+    let inv = INVERSE.get_or_init(|| byte_level_chars().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect());
     let start = out.len();
     for c in piece.chars() {
         match inv.get(&c) {

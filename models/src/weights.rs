@@ -153,8 +153,7 @@ impl WeightLoader {
     pub fn safetensors(paths: &[PathBuf], device: Device, dtype: DType) -> Result<Self> {
         // SAFETY: the files are memory-mapped read-only and must not change while pace runs;
         // the safetensors crate validates the header and every tensor's byte range.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(paths) }
-            .map_err(|e| Error::Format(format!("safetensors: {e}")))?;
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(paths) }.map_err(|e| Error::Format(format!("safetensors: {e}")))?;
         Ok(Self { src: Source::Safetensors(st), device, dtype })
     }
 
@@ -219,13 +218,11 @@ impl WeightLoader {
             Source::Dummy { seed, storage } => {
                 let v = Self::dummy_values(*seed, id, out * inp, 0.02);
                 match storage {
-                    DummyStorage::Quant(f) if self.device.is_cpu() => Ok(Linear::Quant(Arc::new(
-                        QuantMatrix::quantize(*f, &v, out, inp).map_err(|e| Error::Format(e.to_string()))?,
-                    ))),
+                    DummyStorage::Quant(f) if self.device.is_cpu() => {
+                        Ok(Linear::Quant(Arc::new(QuantMatrix::quantize(*f, &v, out, inp).map_err(|e| Error::Format(e.to_string()))?)))
+                    }
                     DummyStorage::Quant(_) => Err(Error::Invalid("quantized dummy weights run on the CPU only".into())),
-                    DummyStorage::Dense(dt) => Ok(Linear::Dense(
-                        host_tensor(v, (out, inp), *dt)?.to_device(&self.device)?.to_dtype(self.dtype)?,
-                    )),
+                    DummyStorage::Dense(dt) => Ok(Linear::Dense(host_tensor(v, (out, inp), *dt)?.to_device(&self.device)?.to_dtype(self.dtype)?)),
                 }
             }
         }
@@ -236,8 +233,7 @@ impl WeightLoader {
         match info.dtype {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Ok(Linear::Dense(self.gguf_dense(g, info)?)),
             q if self.device.is_cpu() => {
-                let m = QuantMatrix::from_ggml(&info.name, candle_dtype(q), data, out, inp)
-                    .map_err(|e| Error::Format(e.to_string()))?;
+                let m = QuantMatrix::from_ggml(&info.name, candle_dtype(q), data, out, inp).map_err(|e| Error::Format(e.to_string()))?;
                 Ok(Linear::Quant(Arc::new(m)))
             }
             q => {
@@ -248,8 +244,8 @@ impl WeightLoader {
     }
 
     fn candle_qtensor(&self, info: &TensorInfo, q: GgmlType, data: &[u8], out: usize, inp: usize) -> Result<QTensor> {
-        let storage = QStorage::from_data(Cow::Owned(data.to_vec()), &self.device, candle_dtype(q))
-            .map_err(|e| Error::Format(format!("{}: {e}", info.name)))?;
+        let storage =
+            QStorage::from_data(Cow::Owned(data.to_vec()), &self.device, candle_dtype(q)).map_err(|e| Error::Format(format!("{}: {e}", info.name)))?;
         Ok(QTensor::new(storage, (out, inp))?)
     }
 
@@ -285,8 +281,7 @@ impl WeightLoader {
                 match info.dtype {
                     GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Ok(Embedding::Dense(self.gguf_dense(g, info)?)),
                     q if self.device.is_cpu() => Ok(Embedding::Quant(Arc::new(
-                        QuantMatrix::from_ggml(&info.name, candle_dtype(q), g.tensor_data(info), vocab, hidden)
-                            .map_err(|e| Error::Format(e.to_string()))?,
+                        QuantMatrix::from_ggml(&info.name, candle_dtype(q), g.tensor_data(info), vocab, hidden).map_err(|e| Error::Format(e.to_string()))?,
                     ))),
                     _ => Ok(Embedding::Dense(self.gguf_dense(g, info)?)),
                 }

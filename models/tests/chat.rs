@@ -28,8 +28,7 @@ fn smollm2() -> &'static Tokenizer {
     })
 }
 
-const DEFAULT_SYSTEM: &str =
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
+const DEFAULT_SYSTEM: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
 
 #[test]
 fn smollm2_template_renders_like_jinja2() {
@@ -37,19 +36,12 @@ fn smollm2_template_renders_like_jinja2() {
     let t = ChatTemplate::for_tokenizer(tok).unwrap_or_else(|e| panic!("{e}"));
     let user = ChatMessage::new("user", "What is the capital of France?");
 
-    let got = t
-        .render(std::slice::from_ref(&user), true)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let got = t.render(std::slice::from_ref(&user), true).unwrap_or_else(|e| panic!("{e}"));
     let want = format!("{DEFAULT_SYSTEM}<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n");
     assert_eq!(got, want);
 
-    let got = t
-        .render(std::slice::from_ref(&user), false)
-        .unwrap_or_default();
-    assert_eq!(
-        got,
-        format!("{DEFAULT_SYSTEM}<|im_start|>user\nWhat is the capital of France?<|im_end|>\n")
-    );
+    let got = t.render(std::slice::from_ref(&user), false).unwrap_or_default();
+    assert_eq!(got, format!("{DEFAULT_SYSTEM}<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"));
 
     let with_system = [ChatMessage::new("system", "You are terse."), user.clone()];
     let got = t.render(&with_system, true).unwrap_or_default();
@@ -59,11 +51,7 @@ fn smollm2_template_renders_like_jinja2() {
          <|im_start|>assistant\n"
     );
 
-    let turns = [
-        ChatMessage::new("user", "Hi"),
-        ChatMessage::new("assistant", "Hello! How can I help?"),
-        ChatMessage::new("user", "Tell me a joke."),
-    ];
+    let turns = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello! How can I help?"), ChatMessage::new("user", "Tell me a joke.")];
     let got = t.render(&turns, true).unwrap_or_default();
     assert_eq!(
         got,
@@ -74,19 +62,14 @@ fn smollm2_template_renders_like_jinja2() {
     );
 
     // No messages renders the generation prompt alone, no panic.
-    assert_eq!(
-        t.render(&[], true).ok().as_deref(),
-        Some("<|im_start|>assistant\n")
-    );
+    assert_eq!(t.render(&[], true).ok().as_deref(), Some("<|im_start|>assistant\n"));
 }
 
 #[test]
 fn rendered_prompt_encodes_special_tokens() {
     let tok = smollm2();
     let t = ChatTemplate::for_tokenizer(tok).unwrap_or_else(|e| panic!("{e}"));
-    let prompt = t
-        .render(&[ChatMessage::new("user", "Hi")], true)
-        .unwrap_or_default();
+    let prompt = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap_or_default();
     let ids = tok.encode(&prompt, false).unwrap_or_default();
     assert_eq!(ids.first(), Some(&1)); // <|im_start|>
     assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 3);
@@ -97,18 +80,9 @@ fn rendered_prompt_encodes_special_tokens() {
 #[test]
 fn default_template_is_chatml() {
     let t = ChatTemplate::chatml(None, None).unwrap_or_else(|e| panic!("{e}"));
-    let msgs = [
-        ChatMessage::new("system", "S"),
-        ChatMessage::new("user", "U"),
-    ];
-    assert_eq!(
-        t.render(&msgs, true).ok().as_deref(),
-        Some("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
-    );
-    assert_eq!(
-        t.render(&msgs[1..], false).ok().as_deref(),
-        Some("<|im_start|>user\nU<|im_end|>\n")
-    );
+    let msgs = [ChatMessage::new("system", "S"), ChatMessage::new("user", "U")];
+    assert_eq!(t.render(&msgs, true).ok().as_deref(), Some("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"));
+    assert_eq!(t.render(&msgs[1..], false).ok().as_deref(), Some("<|im_start|>user\nU<|im_end|>\n"));
 }
 
 #[test]
@@ -118,12 +92,7 @@ fn raise_exception_is_an_error_not_a_panic() {
                {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\
                {% endif %}[INST] {{ m['content'] }} [/INST]{% endfor %}";
     let t = ChatTemplate::new(src, Some("<s>"), Some("</s>")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        t.render(&[ChatMessage::new("user", "a")], false)
-            .ok()
-            .as_deref(),
-        Some("[INST] a [/INST]")
-    );
+    assert_eq!(t.render(&[ChatMessage::new("user", "a")], false).ok().as_deref(), Some("[INST] a [/INST]"));
     let bad = [ChatMessage::new("assistant", "a")];
     match t.render(&bad, false) {
         Err(Error::Template(msg)) => assert!(msg.contains("must alternate"), "{msg}"),
@@ -138,8 +107,7 @@ fn syntax_errors_fail_at_load() {
         other => panic!("expected a template error, got {other:?}"),
     }
     // Calling something undefined fails at render time, as an error.
-    let t =
-        ChatTemplate::new("{{ no_such_function() }}", None, None).unwrap_or_else(|e| panic!("{e}"));
+    let t = ChatTemplate::new("{{ no_such_function() }}", None, None).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(t.render(&[], false), Err(Error::Template(_))));
 }
 
@@ -149,16 +117,10 @@ fn hf_helpers_strftime_tojson_and_trim_blocks() {
     // checked with jinja2 and Hugging Face's tojson definition).
     let src = "{{ bos_token }}\n{% if true %}\n    Today Date: {{ strftime_now('%d %b %Y') }}\n{% endif %}\n\
                {{ messages | tojson }}";
-    let t =
-        ChatTemplate::new(src, Some("<|begin_of_text|>"), None).unwrap_or_else(|e| panic!("{e}"));
+    let t = ChatTemplate::new(src, Some("<|begin_of_text|>"), None).unwrap_or_else(|e| panic!("{e}"));
     let now = UNIX_EPOCH + Duration::from_secs(1_721_865_600); // 2024-07-25
-    let got = t
-        .render_at(&[ChatMessage::new("user", "é \"q\"")], false, now)
-        .unwrap_or_default();
-    assert_eq!(
-        got,
-        "<|begin_of_text|>\n    Today Date: 25 Jul 2024\n[{\"role\": \"user\", \"content\": \"é \\\"q\\\"\"}]"
-    );
+    let got = t.render_at(&[ChatMessage::new("user", "é \"q\"")], false, now).unwrap_or_default();
+    assert_eq!(got, "<|begin_of_text|>\n    Today Date: 25 Jul 2024\n[{\"role\": \"user\", \"content\": \"é \\\"q\\\"\"}]");
 }
 
 /// Tool definitions reach a template that renders `tools` (the server passes them as that

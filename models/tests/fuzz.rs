@@ -80,7 +80,14 @@ fn small_gguf() -> Gguf {
     pieces.extend(["▁", "▁the", "▁a", "he", "ll", "o", "▁hello", "▁world"].map(String::from));
     let scores: Vec<f32> = (0..pieces.len()).map(|i| -(i as f32)).collect();
     // unknown, control x2, 256 bytes, normal words
-    let types: Vec<i32> = (0..pieces.len()).map(|i| match i { 0 => 2, 1 | 2 => 3, 3..=258 => 6, _ => 1 }).collect();
+    let types: Vec<i32> = (0..pieces.len())
+        .map(|i| match i {
+            0 => 2,
+            1 | 2 => 3,
+            3..=258 => 6,
+            _ => 1,
+        })
+        .collect();
     let mut g = Gguf::default();
     g.bytes.extend_from_slice(b"GGUF");
     g.u32(3);

@@ -12,9 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use pace_models::gguf::GgufFile;
-use pace_models::tokenizer::{
-    EncodeOptions, IncrementalDecoder, StopMatcher, StopOutput, Tokenizer,
-};
+use pace_models::tokenizer::{EncodeOptions, IncrementalDecoder, StopMatcher, StopOutput, Tokenizer};
 use serde_json::Value;
 
 /// The default model, fetched on first use.
@@ -32,8 +30,7 @@ fn smollm2() -> Arc<Tokenizer> {
     TOK.get_or_init(|| {
         let path = default_model_path();
         let t0 = std::time::Instant::now();
-        let gguf =
-            GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        let gguf = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
         let tok = Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("tokenizer: {e}"));
         eprintln!("SmolLM2 GGUF opened and tokenizer built in {:?}", t0.elapsed());
         Arc::new(tok)
@@ -47,17 +44,11 @@ fn read_json(path: &Path) -> Value {
 }
 
 fn corpus() -> Vec<String> {
-    serde_json::from_value(read_json(&fixtures_dir().join("tokenizer_corpus.json")))
-        .unwrap_or_default()
+    serde_json::from_value(read_json(&fixtures_dir().join("tokenizer_corpus.json"))).unwrap_or_default()
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_u64)
-        .map(|x| x as u32)
-        .collect()
+    v.as_array().into_iter().flatten().filter_map(Value::as_u64).map(|x| x as u32).collect()
 }
 
 /// Compares the tokenizer with every case of a fixture file; returns a description of each
@@ -70,18 +61,10 @@ fn check_fixture(tok: &Tokenizer, fixture: &Value) -> Vec<String> {
         let text = case["text"].as_str().unwrap_or_default();
         for (key, parse_special) in [("ids", true), ("ids_no_special", false)] {
             let want = ids_of(&case[key]);
-            let got = tok.encode_with(
-                text,
-                EncodeOptions {
-                    add_special_tokens: true,
-                    parse_special,
-                },
-            );
+            let got = tok.encode_with(text, EncodeOptions { add_special_tokens: true, parse_special });
             match got {
                 Ok(got) if got == want => {}
-                Ok(got) => failures.push(format!(
-                    "{key} {text:?}\n   llama.cpp {want:?}\n   pace      {got:?}"
-                )),
+                Ok(got) => failures.push(format!("{key} {text:?}\n   llama.cpp {want:?}\n   pace      {got:?}")),
                 Err(e) => failures.push(format!("{key} {text:?}: error {e}")),
             }
         }
@@ -94,19 +77,12 @@ fn smollm2_matches_llama_cpp() {
     let tok = smollm2();
     let fixture = read_json(&fixtures_dir().join("tokenizer_smollm2.json"));
     let failures = check_fixture(&tok, &fixture);
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// llama.cpp's vocab-only test GGUFs (in its source tree, not shipped with pace).
 fn llama_cpp_vocab(name: &str) -> Option<PathBuf> {
-    let src = std::env::var_os("LLAMA_CPP_SRC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/llama-cpp/src/vendor/llama.cpp"));
+    let src = std::env::var_os("LLAMA_CPP_SRC").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/llama-cpp/src/vendor/llama.cpp"));
     let p = src.join("models").join(format!("ggml-vocab-{name}.gguf"));
     p.is_file().then_some(p)
 }
@@ -125,28 +101,16 @@ fn llama_cpp_vocabularies_match_llama_cpp() {
         let bytes = std::fs::read(&path).unwrap_or_default();
         let sha = format!("{:x}", Sha256::digest(&bytes));
         if fixture["sha256"].as_str() != Some(sha.as_str()) {
-            eprintln!(
-                "skipping {name}: {} differs from the fixture's vocabulary",
-                path.display()
-            );
+            eprintln!("skipping {name}: {} differs from the fixture's vocabulary", path.display());
             continue;
         }
         let gguf = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let tok = Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
-        failures.extend(
-            check_fixture(&tok, &fixture)
-                .into_iter()
-                .map(|f| format!("[{name}] {f}")),
-        );
+        failures.extend(check_fixture(&tok, &fixture).into_iter().map(|f| format!("[{name}] {f}")));
         ran.push(name);
     }
     eprintln!("checked llama.cpp vocabularies: {ran:?}");
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -160,9 +124,7 @@ fn smollm2_special_tokens_and_metadata() {
     // <|endoftext|> (0) and <|im_end|> (2) both end generation.
     assert_eq!(tok.eos_token_ids(), &[0, 2]);
     assert!(!tok.adds_bos());
-    assert!(tok
-        .chat_template()
-        .is_some_and(|t| t.contains("<|im_start|>")));
+    assert!(tok.chat_template().is_some_and(|t| t.contains("<|im_start|>")));
     assert_eq!(tok.token_str(1), Some("<|im_start|>"));
     assert_eq!(tok.token_id("<|im_end|>"), Some(2));
     assert!(tok.is_special(2) && !tok.is_special(100));
@@ -175,12 +137,8 @@ fn smollm2_special_tokens_and_metadata() {
 fn round_trip_over_the_corpus() {
     let tok = smollm2();
     for text in corpus() {
-        let ids = tok
-            .encode(&text, false)
-            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        let back = tok
-            .decode(&ids, false)
-            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let ids = tok.encode(&text, false).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let back = tok.decode(&ids, false).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         assert_eq!(back, text, "ids {ids:?}");
     }
 }
@@ -195,34 +153,17 @@ fn round_trip_sentencepiece_when_available() {
     let tok = Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
     // SentencePiece writes spaces as U+2581, so a text containing U+2581 cannot round-trip.
     for text in corpus().into_iter().filter(|t| !t.contains('\u{2581}')) {
-        let ids = tok
-            .encode_with(
-                &text,
-                EncodeOptions {
-                    add_special_tokens: true,
-                    parse_special: false,
-                },
-            )
-            .unwrap_or_default();
+        let ids = tok.encode_with(&text, EncodeOptions { add_special_tokens: true, parse_special: false }).unwrap_or_default();
         // The prepended space is dropped again; BOS is skipped.
-        assert_eq!(
-            tok.decode(&ids, true).ok(),
-            Some(text.clone()),
-            "ids {ids:?}"
-        );
+        assert_eq!(tok.decode(&ids, true).ok(), Some(text.clone()), "ids {ids:?}");
     }
 }
 
 #[test]
 fn skip_special_tokens_when_decoding() {
     let tok = smollm2();
-    let ids = tok
-        .encode("<|im_start|>user\nHi<|im_end|>", false)
-        .unwrap_or_default();
-    assert_eq!(
-        tok.decode(&ids, false).ok().as_deref(),
-        Some("<|im_start|>user\nHi<|im_end|>")
-    );
+    let ids = tok.encode("<|im_start|>user\nHi<|im_end|>", false).unwrap_or_default();
+    assert_eq!(tok.decode(&ids, false).ok().as_deref(), Some("<|im_start|>user\nHi<|im_end|>"));
     assert_eq!(tok.decode(&ids, true).ok().as_deref(), Some("user\nHi"));
 }
 
@@ -230,10 +171,7 @@ fn skip_special_tokens_when_decoding() {
 /// replacement character appears unless the full decode has one.
 fn incremental(tok: &Arc<Tokenizer>, ids: &[u32]) -> (Vec<String>, String) {
     let mut dec = IncrementalDecoder::new(tok.clone(), false);
-    let mut pieces: Vec<String> = ids
-        .iter()
-        .map(|&id| dec.push(id).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+    let mut pieces: Vec<String> = ids.iter().map(|&id| dec.push(id).unwrap_or_else(|e| panic!("{e}"))).collect();
     pieces.push(dec.finish());
     let joined = pieces.concat();
     (pieces, joined)
@@ -243,14 +181,7 @@ fn incremental(tok: &Arc<Tokenizer>, ids: &[u32]) -> (Vec<String>, String) {
 fn incremental_decoding_never_splits_a_character() {
     let tok = smollm2();
     // Emoji, ZWJ sequences and flags are several byte tokens each in SmolLM2's vocabulary.
-    for text in [
-        "😀",
-        "👨‍👩‍👧‍👦 family",
-        "🇫🇷🇩🇪",
-        "I ❤️ Rust 🦀!",
-        "中文测试：你好",
-        "naïve café",
-    ] {
+    for text in ["😀", "👨‍👩‍👧‍👦 family", "🇫🇷🇩🇪", "I ❤️ Rust 🦀!", "中文测试：你好", "naïve café"] {
         let ids = tok.encode(text, false).unwrap_or_default();
         let (pieces, joined) = incremental(&tok, &ids);
         assert_eq!(joined, text);
@@ -261,10 +192,7 @@ fn incremental_decoding_never_splits_a_character() {
     let ids = tok.encode("😀", false).unwrap_or_default();
     assert!(ids.len() > 1, "{ids:?}");
     let (pieces, _) = incremental(&tok, &ids);
-    assert!(
-        pieces[..ids.len() - 1].iter().all(String::is_empty),
-        "{pieces:?}"
-    );
+    assert!(pieces[..ids.len() - 1].iter().all(String::is_empty), "{pieces:?}");
     assert_eq!(pieces[ids.len() - 1], "😀");
 }
 
@@ -274,28 +202,16 @@ fn incremental_decoding_equals_full_decode_over_the_corpus() {
     let mut all = Vec::new();
     for text in corpus() {
         let ids = tok.encode(&text, false).unwrap_or_default();
-        assert_eq!(
-            incremental(&tok, &ids).1,
-            tok.decode(&ids, false).unwrap_or_default()
-        );
+        assert_eq!(incremental(&tok, &ids).1, tok.decode(&ids, false).unwrap_or_default());
         all.extend(ids);
     }
     // Cut mid-character: a stream that ends inside an emoji flushes U+FFFD, like decode.
     let emoji = tok.encode("ab😀", false).unwrap_or_default();
     let cut = &emoji[..emoji.len() - 1];
-    assert_eq!(
-        incremental(&tok, cut).1,
-        tok.decode(cut, false).unwrap_or_default()
-    );
-    assert!(tok
-        .decode(cut, false)
-        .unwrap_or_default()
-        .ends_with('\u{FFFD}'));
+    assert_eq!(incremental(&tok, cut).1, tok.decode(cut, false).unwrap_or_default());
+    assert!(tok.decode(cut, false).unwrap_or_default().ends_with('\u{FFFD}'));
     // And the whole corpus as one stream.
-    assert_eq!(
-        incremental(&tok, &all).1,
-        tok.decode(&all, false).unwrap_or_default()
-    );
+    assert_eq!(incremental(&tok, &all).1, tok.decode(&all, false).unwrap_or_default());
 }
 
 /// Streams `text` token by token through a decoder and a stop matcher; returns the emitted
@@ -303,8 +219,7 @@ fn incremental_decoding_equals_full_decode_over_the_corpus() {
 fn stream_with_stops(tok: &Arc<Tokenizer>, text: &str, stops: &[&str]) -> (String, Option<usize>) {
     let ids = tok.encode(text, false).unwrap_or_default();
     let mut dec = IncrementalDecoder::new(tok.clone(), false);
-    let mut stop = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut stop = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect()).unwrap_or_else(|e| panic!("{e}"));
     let mut out = String::new();
     for id in ids {
         let StopOutput { text, stopped } = stop.push(&dec.push(id).unwrap_or_default());
@@ -325,40 +240,20 @@ fn stream_with_stops(tok: &Arc<Tokenizer>, text: &str, stops: &[&str]) -> (Strin
 fn stop_strings_over_a_token_stream() {
     let tok = smollm2();
     // A stop string spanning several tokens.
-    assert_eq!(
-        stream_with_stops(
-            &tok,
-            "The answer is 42. Observation: done",
-            &["Observation:"]
-        ),
-        ("The answer is 42. ".to_string(), Some(0))
-    );
+    assert_eq!(stream_with_stops(&tok, "The answer is 42. Observation: done", &["Observation:"]), ("The answer is 42. ".to_string(), Some(0)));
     // Several stop strings: the earliest in the text wins, whatever its index.
-    assert_eq!(
-        stream_with_stops(&tok, "one two three four", &["four", "two"]),
-        ("one ".to_string(), Some(1))
-    );
+    assert_eq!(stream_with_stops(&tok, "one two three four", &["four", "two"]), ("one ".to_string(), Some(1)));
     // Stop at the very start.
-    assert_eq!(
-        stream_with_stops(&tok, "STOP here", &["STOP"]),
-        (String::new(), Some(0))
-    );
+    assert_eq!(stream_with_stops(&tok, "STOP here", &["STOP"]), (String::new(), Some(0)));
     // No match: everything comes out, including a held partial match at the end.
-    assert_eq!(
-        stream_with_stops(&tok, "almost a sto", &["stop"]),
-        ("almost a sto".to_string(), None)
-    );
+    assert_eq!(stream_with_stops(&tok, "almost a sto", &["stop"]), ("almost a sto".to_string(), None));
     // A stop string inside an emoji sequence (split across byte tokens).
-    assert_eq!(
-        stream_with_stops(&tok, "go 🦀🦀 now", &["🦀🦀"]),
-        ("go ".to_string(), Some(0))
-    );
+    assert_eq!(stream_with_stops(&tok, "go 🦀🦀 now", &["🦀🦀"]), ("go ".to_string(), Some(0)));
 }
 
 #[test]
 fn stop_matcher_holds_back_only_possible_prefixes() {
-    let mut m =
-        StopMatcher::new(vec!["abc".into(), "bcd".into()]).unwrap_or_else(|e| panic!("{e}"));
+    let mut m = StopMatcher::new(vec!["abc".into(), "bcd".into()]).unwrap_or_else(|e| panic!("{e}"));
     // "ab" could start "abc"; "b" could start "bcd": hold "ab".
     assert_eq!(m.push("xxab").text, "xx");
     // "abx" kills both.
@@ -366,33 +261,15 @@ fn stop_matcher_holds_back_only_possible_prefixes() {
     // Overlapping prefixes: "ab" held, then "bcd" completes starting inside the held text.
     assert_eq!(m.push("ab").text, "");
     let out = m.push("cd");
-    assert_eq!(
-        out,
-        StopOutput {
-            text: String::new(),
-            stopped: Some(0)
-        }
-    ); // "abc" at 0 comes first
+    assert_eq!(out, StopOutput { text: String::new(), stopped: Some(0) }); // "abc" at 0 comes first
     let mut m = StopMatcher::new(vec!["bcd".into()]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.push("ab").text, "a");
-    assert_eq!(
-        m.push("cd!"),
-        StopOutput {
-            text: String::new(),
-            stopped: Some(0)
-        }
-    );
+    assert_eq!(m.push("cd!"), StopOutput { text: String::new(), stopped: Some(0) });
     // Repeated prefix characters: "aab" with stop "ab".
     let mut m = StopMatcher::new(vec!["ab".into()]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.push("a").text, "");
     assert_eq!(m.push("a").text, "a");
-    assert_eq!(
-        m.push("b"),
-        StopOutput {
-            text: String::new(),
-            stopped: Some(0)
-        }
-    );
+    assert_eq!(m.push("b"), StopOutput { text: String::new(), stopped: Some(0) });
     // Multi-byte stop strings are held on character boundaries.
     let mut m = StopMatcher::new(vec!["é!".into()]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.push("café").text, "caf");
@@ -402,31 +279,16 @@ fn stop_matcher_holds_back_only_possible_prefixes() {
 /// Writes a Hugging Face `tokenizer.json` for SmolLM2 (same structure as the one on the Hub:
 /// Digits + ByteLevel pre-tokenizer, ByteLevel decoder, special added tokens 0..=16) from the
 /// GGUF's vocabulary, with the given config files next to it.
-fn write_hf_dir(
-    name: &str,
-    config: &Value,
-    generation: Option<&Value>,
-    post_processor: Value,
-) -> PathBuf {
+fn write_hf_dir(name: &str, config: &Value, generation: Option<&Value>, post_processor: Value) -> PathBuf {
     use serde_json::json;
     let gguf = GgufFile::open(&default_model_path()).unwrap_or_else(|e| panic!("{e}"));
     let strings = |key: &str| -> Vec<String> {
         let arr = gguf.get(key).and_then(|v| v.as_array()).unwrap_or_default();
-        arr.iter()
-            .filter_map(|v| v.as_str())
-            .map(str::to_owned)
-            .collect()
+        arr.iter().filter_map(|v| v.as_str()).map(str::to_owned).collect()
     };
     let tokens = strings("tokenizer.ggml.tokens");
-    let merges: Vec<Value> = strings("tokenizer.ggml.merges")
-        .iter()
-        .filter_map(|m| m.split_once(' ').map(|(a, b)| json!([a, b])))
-        .collect();
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let merges: Vec<Value> = strings("tokenizer.ggml.merges").iter().filter_map(|m| m.split_once(' ').map(|(a, b)| json!([a, b]))).collect();
+    let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     let added: Vec<Value> = (0..=16)
         .map(|i| {
             json!({"id": i, "content": tokens[i], "single_word": false, "lstrip": false,
@@ -446,8 +308,7 @@ fn write_hf_dir(
                   "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
                   "byte_fallback": false, "vocab": vocab, "merges": merges},
     });
-    let dir =
-        std::env::temp_dir().join(format!("pace-tokenizer-test-{}-{name}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("pace-tokenizer-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let write = |file: &str, v: &Value| {
         std::fs::write(dir.join(file), v.to_string()).unwrap_or_else(|e| panic!("{e}"));
@@ -467,21 +328,11 @@ fn tokenizer_json_matches_llama_cpp_too() {
     let config = json!({"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
                         "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]});
     let post = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
-    let dir = write_hf_dir(
-        "plain",
-        &config,
-        Some(&json!({"eos_token_id": [2, 0]})),
-        post,
-    );
+    let dir = write_hf_dir("plain", &config, Some(&json!({"eos_token_id": [2, 0]})), post);
     let tok = Tokenizer::from_file(&dir).unwrap_or_else(|e| panic!("{e}"));
     let fixture = read_json(&fixtures_dir().join("tokenizer_smollm2.json"));
     let failures = check_fixture(&tok, &fixture);
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
     assert_eq!((tok.bos_token_id(), tok.eos_token_id()), (Some(1), Some(2)));
     assert_eq!(tok.eos_token_ids(), &[0, 2]);
     assert_eq!(tok.chat_template(), Some(template));
@@ -491,8 +342,7 @@ fn tokenizer_json_matches_llama_cpp_too() {
         assert_eq!(tok.decode(&ids, false).ok(), Some(text));
     }
     // A direct path to tokenizer.json reads the configs next to it.
-    let direct =
-        Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"));
+    let direct = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(direct.chat_template(), Some(template));
     std::fs::remove_dir_all(&dir).ok();
 
@@ -506,12 +356,7 @@ fn tokenizer_json_matches_llama_cpp_too() {
     assert_eq!(tok.encode("Hi", false).ok(), Some(vec![26843]));
     assert_eq!(tok.bos_token_id(), Some(1));
     std::fs::remove_dir_all(&dir).ok();
-    let dir = write_hf_dir(
-        "addbos",
-        &json!({"bos_token": "<|im_start|>", "add_bos_token": true}),
-        None,
-        Value::Null,
-    );
+    let dir = write_hf_dir("addbos", &json!({"bos_token": "<|im_start|>", "add_bos_token": true}), None, Value::Null);
     let tok = Tokenizer::from_file(&dir).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(tok.encode("Hi", true).ok(), Some(vec![1, 26843]));
     std::fs::remove_dir_all(&dir).ok();
@@ -523,19 +368,9 @@ fn missing_or_malformed_files_are_errors() {
     let dir = std::env::temp_dir().join(format!("pace-tokenizer-test-{}-bad", std::process::id()));
     std::fs::create_dir_all(&dir).ok();
     std::fs::write(dir.join("tokenizer.json"), "{ not json").ok();
-    assert!(matches!(
-        Tokenizer::from_file(&dir),
-        Err(pace_models::Error::Format(_))
-    ));
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        r#"{"model": {"type": "WordPiece", "vocab": {"a": 0}}}"#,
-    )
-    .ok();
-    assert!(matches!(
-        Tokenizer::from_file(&dir),
-        Err(pace_models::Error::Unsupported(_))
-    ));
+    assert!(matches!(Tokenizer::from_file(&dir), Err(pace_models::Error::Format(_))));
+    std::fs::write(dir.join("tokenizer.json"), r#"{"model": {"type": "WordPiece", "vocab": {"a": 0}}}"#).ok();
+    assert!(matches!(Tokenizer::from_file(&dir), Err(pace_models::Error::Unsupported(_))));
     std::fs::remove_dir_all(&dir).ok();
 }
 

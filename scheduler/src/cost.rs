@@ -108,13 +108,7 @@ impl CostCoeffs {
     }
 
     fn from_array(a: [f64; NF]) -> Self {
-        Self {
-            base_s: a[0],
-            per_prefill_token_s: a[1],
-            per_decode_seq_s: a[2],
-            per_kv_token_s: a[3],
-            per_attn_pair_s: a[4],
-        }
+        Self { base_s: a[0], per_prefill_token_s: a[1], per_decode_seq_s: a[2], per_kv_token_s: a[3], per_attn_pair_s: a[4] }
     }
 
     /// Predicted seconds for `shape`.
@@ -146,7 +140,17 @@ pub struct StepCostModel {
 impl StepCostModel {
     /// A model that predicts with `prior` until measurements arrive.
     pub fn new(prior: CostCoeffs) -> Self {
-        Self { prior, current: prior, ring: Vec::with_capacity(WINDOW), ring_pos: 0, since_refit: 0, ratios: Vec::new(), ratio_pos: 0, sorted_ratios: Vec::new(), log_speed: 0.0 }
+        Self {
+            prior,
+            current: prior,
+            ring: Vec::with_capacity(WINDOW),
+            ring_pos: 0,
+            since_refit: 0,
+            ratios: Vec::new(),
+            ratio_pos: 0,
+            sorted_ratios: Vec::new(),
+            log_speed: 0.0,
+        }
     }
 
     /// A model seeded by a profile run: the prior is refit on `samples` at once.
@@ -308,24 +312,12 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn truth() -> CostCoeffs {
-        CostCoeffs {
-            base_s: 0.006,
-            per_prefill_token_s: 0.0016,
-            per_decode_seq_s: 0.0009,
-            per_kv_token_s: 2e-6,
-            per_attn_pair_s: 1e-9,
-        }
+        CostCoeffs { base_s: 0.006, per_prefill_token_s: 0.0016, per_decode_seq_s: 0.0009, per_kv_token_s: 2e-6, per_attn_pair_s: 1e-9 }
     }
 
     #[test]
     fn shape_of_plan_splits_decodes_and_prefill() {
-        let slice = |start_pos, len| SeqSlice {
-            id: 0,
-            tokens: vec![1; len],
-            start_pos,
-            block_table: vec![],
-            sample: true,
-        };
+        let slice = |start_pos, len| SeqSlice { id: 0, tokens: vec![1; len], start_pos, block_table: vec![], sample: true };
         let plan = BatchPlan { step: 0, seqs: vec![slice(10, 1), slice(0, 4), slice(20, 1)], released: vec![] };
         let s = StepShape::of(&plan);
         assert_eq!((s.prefill_tokens, s.decode_seqs, s.kv_tokens), (4, 2, 11 + 4 + 21));

@@ -64,13 +64,8 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// Every reason, for counters.
-    pub const ALL: [RejectReason; 5] = [
-        RejectReason::QueueFull,
-        RejectReason::QueueTokens,
-        RejectReason::PredictedLate,
-        RejectReason::TooLong,
-        RejectReason::Invalid,
-    ];
+    pub const ALL: [RejectReason; 5] =
+        [RejectReason::QueueFull, RejectReason::QueueTokens, RejectReason::PredictedLate, RejectReason::TooLong, RejectReason::Invalid];
 
     /// True for overload (429/503 with Retry-After); false for a request that can never run
     /// (a 4xx the client must fix).

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_pool::{chain_hash, BlockPool, ROOT_HASH};
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
-use crate::patience::PatienceModel;
 use crate::lengths::{LengthModel, LengthPrior};
+use crate::patience::PatienceModel;
 use crate::plan::{BatchPlan, RequestId, SeqSlice, StepOutput};
 use crate::policy::{self, Decisions, Policy, PolicyContext, SeqView};
 use crate::request::{Event, FinishReason, NewRequest, RejectReason, Rejection};
@@ -82,13 +82,7 @@ impl Default for SchedulerConfig {
             max_queue_requests: 4096,
             max_queue_tokens: 4 << 20,
             slo: SloParams::default(),
-            cost_prior: CostCoeffs {
-                base_s: 0.006,
-                per_prefill_token_s: 0.0016,
-                per_decode_seq_s: 0.0009,
-                per_kv_token_s: 2e-6,
-                per_attn_pair_s: 0.0,
-            },
+            cost_prior: CostCoeffs { base_s: 0.006, per_prefill_token_s: 0.0016, per_decode_seq_s: 0.0009, per_kv_token_s: 2e-6, per_attn_pair_s: 0.0 },
             lengths: LengthPrior::default(),
             enable_prefix_caching: false,
         }
@@ -473,12 +467,7 @@ impl Scheduler {
     fn check(&mut self, req: &NewRequest, now: f64) -> Result<(), Rejection> {
         let refuse = |reason, retry_after_s| Err(Rejection { reason, retry_after_s });
         let class_ok = req.class.is_none_or(|c| c.reading_rate > 0.0 && c.reading_rate.is_finite() && c.grace >= 0.0 && c.weight > 0.0 && c.weight.is_finite());
-        if req.prompt.is_empty()
-            || req.max_tokens == 0
-            || !req.arrival.is_finite()
-            || !class_ok
-            || self.index.contains_key(&req.id)
-        {
+        if req.prompt.is_empty() || req.max_tokens == 0 || !req.arrival.is_finite() || !class_ok || self.index.contains_key(&req.id) {
             return refuse(RejectReason::Invalid, 0.0);
         }
         if req.prompt.len() >= self.max_len {
@@ -681,9 +670,7 @@ impl Scheduler {
             let bs = self.cfg.block_size;
             let need = |r: &Req, want: usize| (r.num_computed + want).div_ceil(bs).saturating_sub(r.blocks.len());
             if need(r, want) > self.pool.num_free() && g.may_preempt {
-                while need(self.slots[slot].as_ref().expect("live slot"), want) > self.pool.num_free()
-                    && victim_pos < d.victims.len()
-                {
+                while need(self.slots[slot].as_ref().expect("live slot"), want) > self.pool.num_free() && victim_pos < d.victims.len() {
                     let v = d.victims[victim_pos];
                     victim_pos += 1;
                     if v != g.id {
@@ -720,13 +707,7 @@ impl Scheduler {
             r.num_computed += want;
             r.granted_in = step;
             budget -= want;
-            let mut slice = spare.pop().unwrap_or_else(|| SeqSlice {
-                id: 0,
-                tokens: Vec::new(),
-                start_pos: 0,
-                block_table: Vec::new(),
-                sample: false,
-            });
+            let mut slice = spare.pop().unwrap_or_else(|| SeqSlice { id: 0, tokens: Vec::new(), start_pos: 0, block_table: Vec::new(), sample: false });
             slice.id = r.id;
             slice.tokens.clear();
             slice.tokens.extend_from_slice(&r.tokens[start..start + want]);

@@ -112,16 +112,8 @@ impl FromStr for Penalty {
             "linear" => Ok(Penalty::Linear),
             "quadratic" => Ok(Penalty::Quadratic),
             _ => {
-                let cap = s
-                    .strip_prefix("capped:")
-                    .map(|v| v.trim_end_matches('s'))
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .filter(|v| v.is_finite() && *v > 0.0);
-                cap.map(Penalty::Capped).ok_or_else(|| {
-                    ParseError(format!(
-                        "penalty `{s}`: expected `linear`, `quadratic` or `capped:SECONDS` (> 0)"
-                    ))
-                })
+                let cap = s.strip_prefix("capped:").map(|v| v.trim_end_matches('s')).and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v > 0.0);
+                cap.map(Penalty::Capped).ok_or_else(|| ParseError(format!("penalty `{s}`: expected `linear`, `quadratic` or `capped:SECONDS` (> 0)")))
             }
         }
     }
@@ -145,14 +137,9 @@ impl FromStr for BinarySlo {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut slo = BinarySlo::default();
         for item in s.split_whitespace() {
-            let (key, ms) = item
-                .split_once(':')
-                .ok_or_else(|| ParseError(format!("goodput item `{item}`: expected KEY:MS")))?;
-            let ms: f64 = ms
-                .parse()
-                .ok()
-                .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-                .ok_or_else(|| ParseError(format!("goodput item `{item}`: MS must be >= 0")))?;
+            let (key, ms) = item.split_once(':').ok_or_else(|| ParseError(format!("goodput item `{item}`: expected KEY:MS")))?;
+            let ms: f64 =
+                ms.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| ParseError(format!("goodput item `{item}`: MS must be >= 0")))?;
             let slot = match key {
                 "ttft" => &mut slo.ttft,
                 "tpot" => &mut slo.tpot,
@@ -192,12 +179,7 @@ pub struct SloParams {
 
 impl Default for SloParams {
     fn default() -> Self {
-        Self {
-            alpha: 2.5,
-            penalty: Penalty::Linear,
-            binary: BinarySlo::default(),
-            default_class: SloClass::default(),
-        }
+        Self { alpha: 2.5, penalty: Penalty::Linear, binary: BinarySlo::default(), default_class: SloClass::default() }
     }
 }
 
@@ -571,9 +553,7 @@ pub fn check_window_fractions(warmup_fraction: f64, end_fraction: f64) -> Result
     if (0.0..1.0).contains(&warmup_fraction) && end_fraction > warmup_fraction && end_fraction <= 1.0 {
         Ok(())
     } else {
-        Err(ParseError(format!(
-            "window fractions: need 0 <= --warmup-fraction ({warmup_fraction}) < --window-end-fraction ({end_fraction}) <= 1"
-        )))
+        Err(ParseError(format!("window fractions: need 0 <= --warmup-fraction ({warmup_fraction}) < --window-end-fraction ({end_fraction}) <= 1")))
     }
 }
 
@@ -642,8 +622,8 @@ pub fn mean_ci95(values: &[f64]) -> (f64, f64) {
 /// normal approximation with a first-order correction).
 fn t975(df: usize) -> f64 {
     const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110,
-        2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080,
+        2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
     ];
     match df {
         0 => f64::INFINITY,
@@ -779,9 +759,7 @@ impl FromStr for MaxTokensRule {
         }
         match s.split_once(':') {
             Some(("cap", n)) => n.trim().parse::<usize>().ok().filter(|n| *n >= 1).map(MaxTokensRule::Cap).ok_or_else(bad),
-            Some(("scale", k)) => {
-                k.trim().parse::<f64>().ok().filter(|k| k.is_finite() && *k > 0.0).map(MaxTokensRule::Scale).ok_or_else(bad)
-            }
+            Some(("scale", k)) => k.trim().parse::<f64>().ok().filter(|k| k.is_finite() && *k > 0.0).map(MaxTokensRule::Scale).ok_or_else(bad),
             _ => Err(bad()),
         }
     }
@@ -861,12 +839,7 @@ mod tests {
         assert!(a.idle_latency().abs() < 1e-9);
         assert!((b.idle_latency() - 0.2).abs() < 1e-9);
         assert!((c.idle_latency() - 2.0).abs() < 1e-9);
-        let params = SloParams {
-            alpha: 100.0,
-            penalty: "capped:2".parse().unwrap(),
-            binary: "ttft:100".parse().unwrap(),
-            default_class: class,
-        };
+        let params = SloParams { alpha: 100.0, penalty: "capped:2".parse().unwrap(), binary: "ttft:100".parse().unwrap(), default_class: class };
         assert!((b.benefit(&params) - 90.0).abs() < 1e-6);
         assert!(c.benefit(&params).abs() < 1e-6);
         let w = WindowStats::compute(&[a, b, c], 0.0, 10.0, &params);
@@ -1056,7 +1029,13 @@ mod tests {
         };
         let slow: Vec<RequestRecord> = (0..10).map(|k| served(k as f64, 1.0)).collect();
         let picky: Vec<RequestRecord> = (0..10)
-            .map(|k| if k % 2 == 0 { served(k as f64, 0.0) } else { RequestRecord { arrival: k as f64, token_times: vec![], outcome: Outcome::Rejected, end: k as f64, class } })
+            .map(|k| {
+                if k % 2 == 0 {
+                    served(k as f64, 0.0)
+                } else {
+                    RequestRecord { arrival: k as f64, token_times: vec![], outcome: Outcome::Rejected, end: k as f64, class }
+                }
+            })
             .collect();
         let (a, b) = (WindowStats::counted(&slow, 0.0, 10.0, &params), WindowStats::counted(&picky, 0.0, 10.0, &params));
         assert_eq!((a.window_s, b.window_s), (10.0, 10.0));

@@ -3,9 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use pace_scheduler::policy::{by_name, Smooth, SmoothConfig};
-use pace_scheduler::{
-    BatchPlan, Event, FinishReason, NewRequest, RejectReason, SampledToken, Scheduler, SchedulerConfig, StepOutput,
-};
+use pace_scheduler::{BatchPlan, Event, FinishReason, NewRequest, RejectReason, SampledToken, Scheduler, SchedulerConfig, StepOutput};
 use rand::{Rng, SeedableRng};
 
 /// A runner that checks every plan against the true sequences and samples a deterministic token.
@@ -76,13 +74,7 @@ struct Harness {
 
 impl Harness {
     fn new(cfg: SchedulerConfig, policy: &str) -> Self {
-        Self {
-            sched: Scheduler::with_policy_name(cfg, policy).expect("policy"),
-            runner: MockRunner::default(),
-            now: 0.0,
-            events: vec![],
-            plans: vec![],
-        }
+        Self { sched: Scheduler::with_policy_name(cfg, policy).expect("policy"), runner: MockRunner::default(), now: 0.0, events: vec![], plans: vec![] }
     }
 
     fn add(&mut self, req: NewRequest) -> Result<(), pace_scheduler::Rejection> {
@@ -131,14 +123,7 @@ impl Harness {
 }
 
 fn small_cfg() -> SchedulerConfig {
-    SchedulerConfig {
-        block_size: 4,
-        num_kv_blocks: 41,
-        max_num_seqs: 6,
-        max_batch_tokens: 32,
-        max_model_len: 128,
-        ..SchedulerConfig::default()
-    }
+    SchedulerConfig { block_size: 4, num_kv_blocks: 41, max_num_seqs: 6, max_batch_tokens: 32, max_model_len: 128, ..SchedulerConfig::default() }
 }
 
 #[test]
@@ -192,11 +177,8 @@ fn fcfs_never_starves_and_preempted_requests_resume_with_correct_tokens() {
         let expected: Vec<u32> = (12..32).map(|pos| MockRunner::token(id, pos)).collect();
         assert_eq!(h.tokens_of(id), expected, "request {id}: tokens after recompute");
     }
-    let first_token_order: Vec<u64> = h
-        .events
-        .iter()
-        .filter_map(|e| if let Event::Token { id, .. } = e { Some(*id) } else { None })
-        .fold(vec![], |mut seen, id| {
+    let first_token_order: Vec<u64> =
+        h.events.iter().filter_map(|e| if let Event::Token { id, .. } = e { Some(*id) } else { None }).fold(vec![], |mut seen, id| {
             if !seen.contains(&id) {
                 seen.push(id);
             }

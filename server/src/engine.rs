@@ -57,7 +57,17 @@ pub struct EngineCore {
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
     pub fn new(scheduler: Scheduler, runner: ModelRunner) -> Self {
-        Self { scheduler, runner, plan: BatchPlan::default(), origin: Instant::now(), consecutive_failures: 0, fail_on_token: None, panic_on_token: None, stall_on_token: None, step_trace: None }
+        Self {
+            scheduler,
+            runner,
+            plan: BatchPlan::default(),
+            origin: Instant::now(),
+            consecutive_failures: 0,
+            fail_on_token: None,
+            panic_on_token: None,
+            stall_on_token: None,
+            step_trace: None,
+        }
     }
 
     /// Uses `origin` as the clock's zero (so the HTTP side and the engine share one clock).

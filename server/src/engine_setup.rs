@@ -46,13 +46,7 @@ pub fn build_engine(args: &EngineArgs, model: Llama, max_model_len: usize, polic
 }
 
 /// As [`build_engine`], letting the caller adjust the scheduler configuration.
-pub fn build_engine_with(
-    args: &EngineArgs,
-    model: Llama,
-    max_model_len: usize,
-    policy: &str,
-    adjust: impl FnOnce(&mut SchedulerConfig),
-) -> Result<EngineCore> {
+pub fn build_engine_with(args: &EngineArgs, model: Llama, max_model_len: usize, policy: &str, adjust: impl FnOnce(&mut SchedulerConfig)) -> Result<EngineCore> {
     let cfg = model.config().clone();
     let bs = args.block_size as usize;
     let dtype = args.kv_dtype(&model);

@@ -109,8 +109,14 @@ async fn sixteen_concurrent_mixed_requests_give_the_text_they_give_alone() {
     // Chat, completions and JSON-schema-constrained chat, each greedy: batched they must give
     // exactly what they give alone.
     let prompts = [
-        "Write a limerick about a cat.", "What is 17 times 23?", "Name a famous painter.", "Describe the ocean in one sentence.",
-        "Translate 'thank you' to French.", "Give me a synonym for happy.", "What color is the sky on Mars?", "Tell me a fun fact about owls.",
+        "Write a limerick about a cat.",
+        "What is 17 times 23?",
+        "Name a famous painter.",
+        "Describe the ocean in one sentence.",
+        "Translate 'thank you' to French.",
+        "Give me a synonym for happy.",
+        "What color is the sky on Mars?",
+        "Tell me a fun fact about owls.",
     ];
     let bodies: Vec<(String, Value)> = (0..16)
         .map(|i| {
@@ -159,10 +165,14 @@ async fn n_choices_logprobs_stop_and_seed() {
     // Streaming n = 2: both indexes end once.
     let (_, frames) = stream(&completions(), &json!({"prompt": "Hi", "max_tokens": 5, "n": 2, "stream": true, "temperature": 0})).await;
     for i in 0..2 {
-        let ends = frames.iter().filter(|f| f.data != "[DONE]").filter_map(|f| {
-            let v: Value = serde_json::from_str(&f.data).unwrap();
-            v["choices"].as_array().unwrap().iter().find(|c| c["index"] == i && !c["finish_reason"].is_null()).cloned()
-        }).count();
+        let ends = frames
+            .iter()
+            .filter(|f| f.data != "[DONE]")
+            .filter_map(|f| {
+                let v: Value = serde_json::from_str(&f.data).unwrap();
+                v["choices"].as_array().unwrap().iter().find(|c| c["index"] == i && !c["finish_reason"].is_null()).cloned()
+            })
+            .count();
         assert_eq!(ends, 1, "choice {i}");
         assert!(!stream_text(&frames, i).is_empty());
     }
@@ -284,12 +294,7 @@ print("ok")
         base = server().base
     );
     let out = std::process::Command::new(&python).args(["-c", &script]).output().expect("running python");
-    assert!(
-        out.status.success(),
-        "the OpenAI Python client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "the OpenAI Python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 /// The default model under JSON schemas (nested objects, enums, arrays, required and optional

@@ -25,11 +25,8 @@ fn toolchain(cargo: &str, target: &Path) -> Vec<(String, String)> {
     // The script reads the cudarc sources (driver entry points for the stub) from the registry.
     let fetched = Command::new(cargo).args(["fetch", "--locked"]).current_dir(root()).status().expect("cargo fetch");
     assert!(fetched.success(), "cargo fetch --locked failed");
-    let out = Command::new("bash")
-        .arg(root().join("tools/cuda-toolchain.sh"))
-        .arg(target.join("cuda-toolchain"))
-        .output()
-        .expect("running tools/cuda-toolchain.sh");
+    let out =
+        Command::new("bash").arg(root().join("tools/cuda-toolchain.sh")).arg(target.join("cuda-toolchain")).output().expect("running tools/cuda-toolchain.sh");
     assert!(out.status.success(), "tools/cuda-toolchain.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let path = std::env::var("PATH").unwrap_or_default();
@@ -38,7 +35,8 @@ fn toolchain(cargo: &str, target: &Path) -> Vec<(String, String)> {
         .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
         .map(|(k, v)| {
             // Expand the two references the script leaves to the caller's environment.
-            let v = v.replace("$PATH", &path).replace("${LIBRARY_PATH:+:$LIBRARY_PATH}", &if library.is_empty() { String::new() } else { format!(":{library}") });
+            let v =
+                v.replace("$PATH", &path).replace("${LIBRARY_PATH:+:$LIBRARY_PATH}", &if library.is_empty() { String::new() } else { format!(":{library}") });
             let v = if k == "CUDA_COMPUTE_CAP" { "90".to_string() } else { v };
             (k.to_string(), v)
         })
@@ -70,12 +68,8 @@ fn cuda_kernels_and_the_cuda_binary_build_without_a_gpu() {
         for arch in ["sm_80", "sm_90"] {
             let t0 = Instant::now();
             let out = scratch.join(format!("{}.{arch}.cubin", src.file_stem().unwrap().to_string_lossy()));
-            let o = Command::new(&nvcc)
-                .args(["-std=c++17", "-O3", "-cubin", &format!("-arch={arch}"), "-o"])
-                .arg(&out)
-                .arg(src)
-                .output()
-                .expect("running nvcc");
+            let o =
+                Command::new(&nvcc).args(["-std=c++17", "-O3", "-cubin", &format!("-arch={arch}"), "-o"]).arg(&out).arg(src).output().expect("running nvcc");
             assert!(o.status.success(), "nvcc -arch={arch} {} failed:\n{}", src.display(), String::from_utf8_lossy(&o.stderr));
             println!("nvcc {arch} {}: {:.1} s", src.display(), t0.elapsed().as_secs_f64());
         }
@@ -111,7 +105,9 @@ fn cuda_kernels_and_the_cuda_binary_build_without_a_gpu() {
         .expect("kernels/build.rs wrote ptxas.tsv");
     let tsv = std::fs::read_to_string(&record).unwrap();
     let rows: Vec<Vec<&str>> = tsv.lines().skip(1).map(|l| l.split('\t').collect()).collect();
-    for (kernel, arch) in [("pa_simt_bf16_bf16_128_g4", "sm_90"), ("pa_mma_bf16_bf16_128", "sm_80"), ("argmax_bf16", "sm_90"), ("reshape_and_cache_b16", "sm_80")] {
+    for (kernel, arch) in
+        [("pa_simt_bf16_bf16_128_g4", "sm_90"), ("pa_mma_bf16_bf16_128", "sm_80"), ("argmax_bf16", "sm_90"), ("reshape_and_cache_b16", "sm_80")]
+    {
         assert!(rows.iter().any(|r| r[0] == kernel && r[1] == arch), "{kernel} on {arch} is missing from {}:\n{tsv}", record.display());
     }
     assert!(rows.len() >= 2 * 36, "{} kernel builds in the record:\n{tsv}", rows.len());

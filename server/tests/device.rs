@@ -57,13 +57,8 @@ fn the_gpu_check_stops_early_with_one_line_when_the_driver_is_missing() {
         .expect("python3");
     assert!(status.success());
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gpu-check.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&packed)
-        .env("OUT", dir.join("out"))
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .expect("running deploy/gpu-check.sh");
+    let out =
+        Command::new("bash").arg(&script).arg(&packed).env("OUT", dir.join("out")).env_remove("LD_LIBRARY_PATH").output().expect("running deploy/gpu-check.sh");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("unpacking") && text.contains("NEEDED: ") && text.contains("libc.so.6"), "{text}");

@@ -214,8 +214,16 @@ async fn a_client_gone_while_admission_is_decided_leaves_no_request_behind() {
     let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
     s.until(60, "the busy request running", |r, _| r == 1).await;
     let prompt = vec![5, 99, 7];
-    let req =
-        NewRequest { id: engine.next_id(), prompt: prompt.clone(), max_tokens: 4, min_tokens: 0, stop_token_ids: vec![], arrival: engine.now(), class: None, cache_salt: None };
+    let req = NewRequest {
+        id: engine.next_id(),
+        prompt: prompt.clone(),
+        max_tokens: 4,
+        min_tokens: 0,
+        stop_token_ids: vec![],
+        arrival: engine.now(),
+        class: None,
+        cache_salt: None,
+    };
     let sampler = Sampler::new(SamplingParams::default(), &prompt).unwrap();
     // Polled once (the command is sent), then dropped: the client is gone.
     let gone = tokio::time::timeout(Duration::ZERO, engine.submit(req, sampler)).await;

@@ -42,18 +42,20 @@ fn state() -> Arc<AppState> {
 fn check(body: &[u8]) -> Result<usize, TestCaseError> {
     let s = state();
     let l = s.loaded.get().unwrap();
-    let (outcome, largest) = tracked(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut statuses = Vec::new();
-        match parse_body::<CompletionRequest>(body) {
-            Ok(r) => statuses.extend(ValidRequest::completion(&r, &s.config, l).err().map(|e| e.status().as_u16())),
-            Err(e) => statuses.push(e.status().as_u16()),
-        }
-        match parse_body::<ChatRequest>(body) {
-            Ok(r) => statuses.extend(ValidRequest::chat(&r, &s.config, l).err().map(|e| e.status().as_u16())),
-            Err(e) => statuses.push(e.status().as_u16()),
-        }
-        statuses
-    })));
+    let (outcome, largest) = tracked(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut statuses = Vec::new();
+            match parse_body::<CompletionRequest>(body) {
+                Ok(r) => statuses.extend(ValidRequest::completion(&r, &s.config, l).err().map(|e| e.status().as_u16())),
+                Err(e) => statuses.push(e.status().as_u16()),
+            }
+            match parse_body::<ChatRequest>(body) {
+                Ok(r) => statuses.extend(ValidRequest::chat(&r, &s.config, l).err().map(|e| e.status().as_u16())),
+                Err(e) => statuses.push(e.status().as_u16()),
+            }
+            statuses
+        }))
+    });
     let statuses = outcome.map_err(|_| TestCaseError::fail(format!("panicked on {:?}", String::from_utf8_lossy(body))))?;
     prop_assert!(statuses.iter().all(|s| (400..500).contains(s)), "{statuses:?} for {:?}", String::from_utf8_lossy(body));
     prop_assert!(largest <= MAX_ALLOC, "an allocation of {largest} bytes");
@@ -78,9 +80,37 @@ fn any_json() -> impl Strategy<Value = Value> {
 }
 
 const FIELDS: [&str; 31] = [
-    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop",
-    "stop_token_ids", "seed", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos", "min_tokens", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "priority", "reading_rate", "ttft_grace", "cache_salt", "response_format", "tools", "add_generation_prompt",
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "best_of",
+    "ignore_eos",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "priority",
+    "reading_rate",
+    "ttft_grace",
+    "cache_salt",
+    "response_format",
+    "tools",
+    "add_generation_prompt",
 ];
 
 /// A body built from the endpoints' own fields, each given a random value, over a valid base.
@@ -97,11 +127,32 @@ fn field_body() -> impl Strategy<Value = Vec<u8>> {
 /// Schema-shaped JSON: objects made of JSON-schema keywords with random values, nested.
 fn any_schema() -> impl Strategy<Value = Value> {
     const KEYS: [&str; 22] = [
-        "type", "properties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "required", "minItems", "maxItems", "minLength", "maxLength",
-        "pattern", "minimum", "maximum", "$ref", "$defs", "additionalProperties", "format", "prefixItems", "x-guidance",
+        "type",
+        "properties",
+        "items",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "required",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "$ref",
+        "$defs",
+        "additionalProperties",
+        "format",
+        "prefixItems",
+        "x-guidance",
     ];
     let leaf = prop_oneof![
-        prop::sample::select(&["object", "array", "string", "integer", "number", "boolean", "null", "#/$defs/a", "#", "date-time", "email"][..]).prop_map(|s| json!(s)),
+        prop::sample::select(&["object", "array", "string", "integer", "number", "boolean", "null", "#/$defs/a", "#", "date-time", "email"][..])
+            .prop_map(|s| json!(s)),
         any_json(),
         regex_like().prop_map(Value::String),
     ];
@@ -109,7 +160,8 @@ fn any_schema() -> impl Strategy<Value = Value> {
         prop_oneof![
             prop::collection::vec((prop::sample::select(&KEYS[..]), inner.clone()), 0..6)
                 .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map<_, _>>())),
-            prop::collection::vec(("[a-c]{1,2}", inner.clone()), 0..4).prop_map(|kv| json!({"type": "object", "properties": kv.into_iter().collect::<Map<_, _>>()})),
+            prop::collection::vec(("[a-c]{1,2}", inner.clone()), 0..4)
+                .prop_map(|kv| json!({"type": "object", "properties": kv.into_iter().collect::<Map<_, _>>()})),
             prop::collection::vec(inner, 0..4).prop_map(Value::Array),
         ]
     })
@@ -192,8 +244,14 @@ fn past_failures_stay_fixed() {
         // Tokenized in full before the prompt count was checked.
         ("a million tiny prompts", million_prompts.into_bytes()),
         // About 10 GB of buffered output from a 1 KB body before the output-token cap.
-        ("n x prompts x max_tokens x logprobs", serde_json::to_vec(&json!({"prompt": vec!["a"; 64], "n": 16, "max_tokens": 1_000_000_000u64, "logprobs": 20})).unwrap()),
-        ("max_completion_tokens past the cap", serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 16, "max_completion_tokens": 1u64 << 40})).unwrap()),
+        (
+            "n x prompts x max_tokens x logprobs",
+            serde_json::to_vec(&json!({"prompt": vec!["a"; 64], "n": 16, "max_tokens": 1_000_000_000u64, "logprobs": 20})).unwrap(),
+        ),
+        (
+            "max_completion_tokens past the cap",
+            serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 16, "max_completion_tokens": 1u64 << 40})).unwrap(),
+        ),
         // Ids past the vocabulary must never reach a batch.
         ("a token id past the vocabulary", serde_json::to_vec(&json!({"prompt": [1, 49152], "max_tokens": 2})).unwrap()),
         ("a negative token id", serde_json::to_vec(&json!({"prompt": [[-1]], "max_tokens": 2})).unwrap()),

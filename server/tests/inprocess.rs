@@ -27,8 +27,23 @@ fn state() -> Arc<AppState> {
     static S: OnceLock<Arc<AppState>> = OnceLock::new();
     S.get_or_init(|| {
         let args = Args::parse_from([
-            "serve", "--model", "dummy:smollm2-135m:q4", "--served-model-name", "SmolLM2-135M-Instruct", "--threads", "2",
-            "--scheduler", "fcfs", "--max-n", "4", "--max-body-bytes", "65536", "--max-model-len", "512", "--kv-cache-memory", "64MiB",
+            "serve",
+            "--model",
+            "dummy:smollm2-135m:q4",
+            "--served-model-name",
+            "SmolLM2-135M-Instruct",
+            "--threads",
+            "2",
+            "--scheduler",
+            "fcfs",
+            "--max-n",
+            "4",
+            "--max-body-bytes",
+            "65536",
+            "--max-model-len",
+            "512",
+            "--kv-cache-memory",
+            "64MiB",
         ]);
         in_process(&args.serve).expect("in-process server")
     })
@@ -165,8 +180,13 @@ async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_s
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["completion_tokens"], 4);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    let (st, ct, b) = call(Method::POST, CHAT, Some("application/json"),
-        serde_json::to_vec(&json!({"messages": user("hi"), "max_tokens": 3, "stream": true, "ignore_eos": true})).unwrap()).await;
+    let (st, ct, b) = call(
+        Method::POST,
+        CHAT,
+        Some("application/json"),
+        serde_json::to_vec(&json!({"messages": user("hi"), "max_tokens": 3, "stream": true, "ignore_eos": true})).unwrap(),
+    )
+    .await;
     assert_eq!(st, 200);
     assert!(ct.starts_with("text/event-stream"), "{ct}");
     let text = String::from_utf8(b).unwrap();

@@ -20,7 +20,17 @@ struct Args {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unseeded_requests_follow_the_server_seed() {
     let args = Args::parse_from([
-        "serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "32MiB", "--seed", "7",
+        "serve",
+        "--model",
+        "dummy:smollm2-135m:q4",
+        "--threads",
+        "2",
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory",
+        "32MiB",
+        "--seed",
+        "7",
     ]);
     let state = in_process(&args.serve).expect("in-process server");
     let complete = |body: Value| {
@@ -54,9 +64,24 @@ async fn a_chat_template_given_by_flag_replaces_the_models() {
     let file = std::env::temp_dir().join(format!("pace-template-{}.jinja", std::process::id()));
     std::fs::write(&file, template).unwrap();
     for value in [template.to_string(), file.to_str().unwrap().to_string()] {
-        let args = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--chat-template", &value]);
+        let args = Args::parse_from([
+            "serve",
+            "--model",
+            "dummy:smollm2-135m:q4",
+            "--threads",
+            "2",
+            "--max-model-len",
+            "256",
+            "--kv-cache-memory",
+            "16MiB",
+            "--chat-template",
+            &value,
+        ]);
         let state = in_process(&args.serve).expect("in-process server");
-        let req = Request::post("/tokenize").header(header::CONTENT_TYPE, "application/json").body(Body::from(json!({"messages": [{"role": "user", "content": "hi"}]}).to_string())).unwrap();
+        let req = Request::post("/tokenize")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(json!({"messages": [{"role": "user", "content": "hi"}]}).to_string()))
+            .unwrap();
         let resp = api::app(state.clone()).oneshot(req).await.unwrap();
         assert_eq!(resp.status(), 200);
         let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
@@ -77,7 +102,19 @@ async fn sampling_defaults_come_from_the_generation_config() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("generation_config.json"), r#"{"temperature": 0.0, "max_new_tokens": 5, "bos_token_id": 1}"#).unwrap();
     let start = |extra: &[&str]| {
-        let mut argv = vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--generation-config", dir.to_str().unwrap()];
+        let mut argv = vec![
+            "serve",
+            "--model",
+            "dummy:smollm2-135m:q4",
+            "--threads",
+            "2",
+            "--max-model-len",
+            "256",
+            "--kv-cache-memory",
+            "16MiB",
+            "--generation-config",
+            dir.to_str().unwrap(),
+        ];
         argv.extend_from_slice(extra);
         in_process(&Args::parse_from(argv).serve).expect("in-process server")
     };
@@ -114,7 +151,19 @@ async fn sampling_defaults_come_from_the_generation_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_chat_extras_render_as_vllm_renders_them() {
     let template = "{% if greeting %}{{ greeting }}{% endif %}{% for m in messages %}<<{{ m['role'] }}|{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}[bot]{% endif %}";
-    let args = Args::parse_from(["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "256", "--kv-cache-memory", "16MiB", "--chat-template", template]);
+    let args = Args::parse_from([
+        "serve",
+        "--model",
+        "dummy:smollm2-135m:q4",
+        "--threads",
+        "2",
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory",
+        "16MiB",
+        "--chat-template",
+        template,
+    ]);
     let state = in_process(&args.serve).expect("in-process server");
     let chat = |extra: Value| {
         let state = state.clone();

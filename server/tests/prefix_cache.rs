@@ -47,7 +47,8 @@ fn cached(v: &Value) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
     let start = |extra: &[&str]| {
-        let mut argv = vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "1024", "--kv-cache-memory", "64MiB", "--block-size", "16"];
+        let mut argv =
+            vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "1024", "--kv-cache-memory", "64MiB", "--block-size", "16"];
         argv.extend_from_slice(extra);
         in_process(&Args::parse_from(argv).serve).expect("in-process server")
     };
@@ -105,7 +106,8 @@ async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
     assert_eq!(bad["error"]["param"], "cache_salt", "{bad}");
 
     // A multi-turn chat: the second turn reuses the first turn's prompt and answer.
-    let turn1 = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi!"}], "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let turn1 =
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi!"}], "max_tokens": 8, "temperature": 0, "ignore_eos": true});
     let (_, r1) = post(&on, "/v1/chat/completions", turn1).await;
     let answer = r1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let turn2 = json!({"messages": [

@@ -27,8 +27,21 @@ fn state() -> Arc<AppState> {
     static S: OnceLock<Arc<AppState>> = OnceLock::new();
     S.get_or_init(|| {
         let args = Args::parse_from([
-            "serve", "--model", "dummy:smollm2-135m:q4", "--served-model-name", "m", "--threads", "2", "--scheduler", "fcfs", "--max-n", "4",
-            "--max-model-len", "2048", "--kv-cache-memory", "192MiB",
+            "serve",
+            "--model",
+            "dummy:smollm2-135m:q4",
+            "--served-model-name",
+            "m",
+            "--threads",
+            "2",
+            "--scheduler",
+            "fcfs",
+            "--max-n",
+            "4",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory",
+            "192MiB",
         ]);
         in_process(&args.serve).expect("in-process server")
     })
@@ -139,7 +152,11 @@ async fn json_schema_outputs_validate_at_any_temperature() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regex_choice_grammar_and_json_object() {
-    for (field, value) in [("regex", json!("[A-Z][a-z]{2,5}-[0-9]{3}")), ("choice", json!(["yes", "no", "maybe later"])), ("grammar", json!("start: \"(\" NUM (\",\" NUM)* \")\"\nNUM: /[0-9]{1,3}/"))] {
+    for (field, value) in [
+        ("regex", json!("[A-Z][a-z]{2,5}-[0-9]{3}")),
+        ("choice", json!(["yes", "no", "maybe later"])),
+        ("grammar", json!("start: \"(\" NUM (\",\" NUM)* \")\"\nNUM: /[0-9]{1,3}/")),
+    ] {
         for seed in 0..3 {
             let mut body = json!({"messages": user("answer"), "temperature": 1.0, "seed": seed, "max_tokens": 60, "structured_outputs": {}});
             body["structured_outputs"][field] = value.clone();
@@ -151,11 +168,18 @@ async fn regex_choice_grammar_and_json_object() {
             let ok = match field {
                 "regex" => {
                     let b = text.as_bytes();
-                    b.len() >= 7 && b[0].is_ascii_uppercase() && text.ends_with(|ch: char| ch.is_ascii_digit()) && text.contains('-')
+                    b.len() >= 7
+                        && b[0].is_ascii_uppercase()
+                        && text.ends_with(|ch: char| ch.is_ascii_digit())
+                        && text.contains('-')
                         && text[text.find('-').unwrap() + 1..].len() == 3
                 }
                 "choice" => ["yes", "no", "maybe later"].contains(&text),
-                _ => text.starts_with('(') && text.ends_with(')') && text[1..text.len() - 1].split(',').all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit())),
+                _ => {
+                    text.starts_with('(')
+                        && text.ends_with(')')
+                        && text[1..text.len() - 1].split(',').all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+                }
             };
             assert!(ok, "{field}: {text:?}");
             if field != "regex" {
@@ -203,8 +227,12 @@ async fn streaming_gives_the_same_text_and_constrained_requests_batch_with_plain
     let mut tasks = Vec::new();
     for i in 0..8 {
         let body = match i % 4 {
-            0 => json!({"messages": user("a"), "temperature": 1.0, "seed": i, "max_tokens": 300, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}),
-            1 => json!({"messages": user("b"), "temperature": 0, "max_tokens": 5, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}),
+            0 => {
+                json!({"messages": user("a"), "temperature": 1.0, "seed": i, "max_tokens": 300, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+            }
+            1 => {
+                json!({"messages": user("b"), "temperature": 0, "max_tokens": 5, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+            }
             2 => json!({"messages": user("c"), "temperature": 1.0, "seed": i, "max_tokens": 12, "ignore_eos": true}),
             _ => json!({"messages": user("d"), "temperature": 1.0, "seed": i, "max_tokens": 40, "structured_outputs": {"regex": "(ab|cd)+!"}}),
         };
@@ -239,10 +267,7 @@ async fn streaming_gives_the_same_text_and_constrained_requests_batch_with_plain
     let text = String::from_utf8(axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec()).unwrap();
     let masks: f64 = text.lines().find(|l| l.starts_with("pace_structured_output_masks_total")).and_then(|l| l.split(' ').nth(1)).unwrap().parse().unwrap();
     assert!(masks > 100.0, "{masks} masks");
-    assert!(
-        text.lines().any(|l| l.starts_with("pace_structured_output_compile_seconds_count{") && l.contains("kind=\"json_schema\"")),
-        "no compile histogram"
-    );
+    assert!(text.lines().any(|l| l.starts_with("pace_structured_output_compile_seconds_count{") && l.contains("kind=\"json_schema\"")), "no compile histogram");
 }
 
 fn weather_tools() -> Value {
@@ -372,7 +397,11 @@ async fn bad_grammars_and_tool_settings_are_400s_before_any_sse_byte() {
         (CHAT, json!({"messages": user("x"), "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}), "response_format"),
         (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "bad name!"}}]}), "tools[0].function.name"),
         (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}), "tools[0].function.parameters"),
-        (CHAT, json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}], "tool_choice": "required"}), "tools"),
+        (
+            CHAT,
+            json!({"messages": user("x"), "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}], "tool_choice": "required"}),
+            "tools",
+        ),
         (CHAT, json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}]}), "messages[0].tool_calls[0]"),
     ];
     for (path, body, param) in &cases {

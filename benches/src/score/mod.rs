@@ -260,7 +260,11 @@ impl Scorer {
             duration_s: duration,
             sent_over_s: {
                 let last_sent = items.iter().map(|s| s.start).fold(f64::NEG_INFINITY, f64::max);
-                if last_sent > first { last_sent - first } else { 0.0 }
+                if last_sent > first {
+                    last_sent - first
+                } else {
+                    0.0
+                }
             },
             request_throughput: per_s(served.len() as f64),
             output_throughput: per_s(tokens as f64),

@@ -331,12 +331,7 @@ fn error_kind(status: u16, body: &str) -> &'static str {
 /// noted.
 async fn leave_during_admission(t: &Target, p: &Plan, body: &Value) -> Ended {
     let payload = body.to_string();
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        Target::path(p),
-        t.addr,
-        payload.len()
-    );
+    let mut head = format!("POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", Target::path(p), t.addr, payload.len());
     if let Some(k) = &t.api_key {
         head.push_str(&format!("Authorization: Bearer {k}\r\n"));
     }
@@ -845,7 +840,8 @@ pub async fn soak(a: &SoakArgs) -> Result<SoakReport> {
         }
     }
     records.sort_by_key(|r| r.plan.index);
-    let report = judge(a, prov, target_desc, model, seed, saturation, rate, sent, records, before, after, &slow, &probes, &samples, idle_after, drain_s, load_end);
+    let report =
+        judge(a, prov, target_desc, model, seed, saturation, rate, sent, records, before, after, &slow, &probes, &samples, idle_after, drain_s, load_end);
     std::fs::write(dir.join("soak.json"), serde_json::to_string(&report)?)?;
     std::fs::write(dir.join("report.md"), markdown(&report, a))?;
     println!("{}", summary_table(&report));
@@ -895,7 +891,10 @@ mod tests {
     #[test]
     fn refusals_are_told_apart() {
         assert_eq!(error_kind(429, "{}"), "rejected");
-        assert_eq!(error_kind(503, r#"{"error":{"message":"request rejected at admission (predicted_late); retry after 1.0 s","code":"unavailable"}}"#), "shed");
+        assert_eq!(
+            error_kind(503, r#"{"error":{"message":"request rejected at admission (predicted_late); retry after 1.0 s","code":"unavailable"}}"#),
+            "shed"
+        );
         assert_eq!(error_kind(503, r#"{"error":{"message":"x","code":"dropped"}}"#), "dropped");
         assert_eq!(error_kind(503, r#"{"error":{"message":"the engine has stopped","code":"unavailable"}}"#), "http_error");
         assert_eq!(error_kind(500, "{}"), "http_error");

@@ -195,10 +195,7 @@ pub(super) fn judge(
         checks.push(Check {
             name: "memory",
             verdict: "not judged",
-            detail: format!(
-                "the load lasted {load_end:.0} s, under the {} s window plus a minute; RSS {:.1} -> {:.1} MB",
-                a.rss_window, rss_mb.0, rss_mb.1
-            ),
+            detail: format!("the load lasted {load_end:.0} s, under the {} s window plus a minute; RSS {:.1} -> {:.1} MB", a.rss_window, rss_mb.0, rss_mb.1),
         });
     } else {
         let s = rss_slope.unwrap_or(0.0);
@@ -336,15 +333,7 @@ pub(super) fn markdown(r: &SoakReport, a: &SoakArgs) -> String {
     let mut next = 0.0;
     for s in &r.samples {
         if s.t >= next {
-            md.push_str(&format!(
-                "| {:.0} | {:.1} | {} | {} | {:.3} | {:.2} |\n",
-                s.t,
-                s.rss_bytes / 1e6,
-                s.running,
-                s.waiting,
-                s.kv_usage,
-                s.inflight_idle_s
-            ));
+            md.push_str(&format!("| {:.0} | {:.1} | {} | {} | {:.3} | {:.2} |\n", s.t, s.rss_bytes / 1e6, s.running, s.waiting, s.kv_usage, s.inflight_idle_s));
             next = s.t + 60.0 - 2.5;
         }
     }

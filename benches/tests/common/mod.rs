@@ -164,10 +164,7 @@ fn sse(steps: Vec<Step>, chat: bool, usage: bool, disconnects: Arc<AtomicUsize>)
             return Some((Ok::<_, std::io::Error>(Bytes::from(format!("data: {data}\n\n"))), (it, watch)));
         }
     });
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(Body::from_stream(stream))
-        .expect("valid response")
+    Response::builder().header("content-type", "text/event-stream").body(Body::from_stream(stream)).expect("valid response")
 }
 
 async fn generate(State(cfg): State<Cfg>, chat: bool, body: Value) -> Response {

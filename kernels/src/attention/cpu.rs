@@ -145,9 +145,8 @@ pub fn paged_attention<E: KvElem>(
         let table = meta.block_table(it.seq);
         #[cfg(target_arch = "x86_64")]
         if crate::cpu_has_avx2() {
-            let rows: Vec<(usize, usize)> = (it.q0..it.q1)
-                .flat_map(|tok| (0..group).map(move |hh| (tok * heads + it.kv_head * group + hh, first_pos + (tok - start) + 1)))
-                .collect();
+            let rows: Vec<(usize, usize)> =
+                (it.q0..it.q1).flat_map(|tok| (0..group).map(move |hh| (tok * heads + it.kv_head * group + hh, first_pos + (tok - start) + 1))).collect();
             // SAFETY: features detected; every key index < visible lies in a block of `table`
             // (checked by AttentionMeta::validate); each output row belongs to this item alone.
             unsafe { avx2::attend_item(q, k_cache, v_cache, geo, table, it.kv_head, &rows, scale, optr.0) };

@@ -113,10 +113,7 @@ impl AttnOptions {
     /// turns the tensor-core prefill kernel off (read once; an escape hatch for operators).
     pub fn process_default() -> Self {
         static OPTS: OnceLock<AttnOptions> = OnceLock::new();
-        *OPTS.get_or_init(|| Self {
-            tensor_cores: std::env::var("PACE_ATTN_TENSOR_CORES").map_or(true, |v| v != "0"),
-            partition: None,
-        })
+        *OPTS.get_or_init(|| Self { tensor_cores: std::env::var("PACE_ATTN_TENSOR_CORES").map_or(true, |v| v != "0"), partition: None })
     }
 }
 
@@ -167,12 +164,7 @@ impl PagedAttentionMeta {
         device: &Device,
     ) -> Result<Self> {
         let num_tokens = cu_seqlens_q.last().copied().unwrap_or(0) as usize;
-        let view = AttentionMeta {
-            cu_seqlens_q: &cu_seqlens_q,
-            context_lens: &context_lens,
-            block_tables: &block_tables,
-            max_blocks,
-        };
+        let view = AttentionMeta { cu_seqlens_q: &cu_seqlens_q, context_lens: &context_lens, block_tables: &block_tables, max_blocks };
         view.validate(&geometry, num_tokens)?;
         let n = context_lens.len();
         let max_context_len = context_lens.iter().copied().max().unwrap_or(0) as usize;

@@ -39,20 +39,10 @@ impl candle_core::InplaceOp3 for ReshapeAndCache {
         "reshape-and-cache"
     }
 
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dst_l: &Layout,
-        kv: &CpuStorage,
-        kv_l: &Layout,
-        slots: &CpuStorage,
-        slots_l: &Layout,
-    ) -> Result<()> {
+    fn cpu_fwd(&self, dst: &mut CpuStorage, dst_l: &Layout, kv: &CpuStorage, kv_l: &Layout, slots: &CpuStorage, slots_l: &Layout) -> Result<()> {
         let kv = contiguous_slice::<f32>(kv, kv_l)?;
         let slots = contiguous_slice::<u32>(slots, slots_l)?;
-        let (a, b) = dst_l
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("KV cache must be contiguous".into()))?;
+        let (a, b) = dst_l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("KV cache must be contiguous".into()))?;
         let g = &self.geometry;
         match dst {
             CpuStorage::F32(c) => cpu::write_cache(&mut c[a..b], g, kv, slots),
@@ -130,16 +120,7 @@ impl candle_core::CustomOp1 for PagedAttention {
         let host = self.meta.host();
         macro_rules! run {
             ($t:ty) => {
-                cpu::paged_attention::<$t>(
-                    q,
-                    contiguous_slice::<$t>(ks, kl)?,
-                    contiguous_slice::<$t>(vs, vl)?,
-                    g,
-                    &host,
-                    self.heads,
-                    self.scale,
-                    &mut out,
-                )
+                cpu::paged_attention::<$t>(q, contiguous_slice::<$t>(ks, kl)?, contiguous_slice::<$t>(vs, vl)?, g, &host, self.heads, self.scale, &mut out)
             };
         }
         match self.k_cache.dtype() {
@@ -159,25 +140,12 @@ impl candle_core::CustomOp1 for PagedAttention {
 
 /// Attention of `q` (`t x heads x head_dim`) over the paged cache; returns `t x heads x head_dim`
 /// (f32 on the CPU; on a GPU in q's dtype when that is f32 or the cache's dtype, else f32).
-pub fn paged_attention(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &PagedAttentionMeta,
-    scale: f32,
-) -> Result<Tensor> {
+pub fn paged_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, meta: &PagedAttentionMeta, scale: f32) -> Result<Tensor> {
     paged_attention_with(q, k_cache, v_cache, meta, scale, AttnOptions::process_default())
 }
 
 /// [`paged_attention`] with explicit kernel options.
-pub fn paged_attention_with(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &PagedAttentionMeta,
-    scale: f32,
-    opts: AttnOptions,
-) -> Result<Tensor> {
+pub fn paged_attention_with(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, meta: &PagedAttentionMeta, scale: f32, opts: AttnOptions) -> Result<Tensor> {
     let (t, heads, d) = q.dims3()?;
     let g = meta.geometry;
     if CacheGeometry::of(k_cache)? != g || CacheGeometry::of(v_cache)? != g {
@@ -196,12 +164,5 @@ pub fn paged_attention_with(
         _ => q.to_dtype(DType::F32)?,
     };
     let q = q.contiguous()?;
-    q.apply_op1_no_bwd(&PagedAttention {
-        k_cache: k_cache.clone(),
-        v_cache: v_cache.clone(),
-        meta: meta.clone(),
-        heads,
-        scale,
-        opts,
-    })
+    q.apply_op1_no_bwd(&PagedAttention { k_cache: k_cache.clone(), v_cache: v_cache.clone(), meta: meta.clone(), heads, scale, opts })
 }

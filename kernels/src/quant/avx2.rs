@@ -25,12 +25,7 @@ pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
     let nb = x.len() / QK;
     for b in 0..nb {
         let p = x.as_ptr().add(b * QK);
-        let v = [
-            _mm256_loadu_ps(p),
-            _mm256_loadu_ps(p.add(8)),
-            _mm256_loadu_ps(p.add(16)),
-            _mm256_loadu_ps(p.add(24)),
-        ];
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
         let mut m = _mm256_andnot_ps(sign, v[0]);
         for vi in &v[1..] {
             m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
@@ -44,9 +39,7 @@ pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
         let idv = _mm256_set1_ps(id);
         let mut qi = [_mm256_setzero_si256(); 4];
         for j in 0..4 {
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(v[j], idv),
-            );
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[j], idv));
             qi[j] = _mm256_cvtps_epi32(r);
         }
         let sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
@@ -167,12 +160,7 @@ unsafe fn load_scales8(p: *const half::f16, n: usize) -> __m256 {
 /// Scale products `dw[r][b] * xd[c][b]` for the (up to) eight blocks from `b0`, the weights'
 /// scales converted here from the matrix's f16 scales.
 #[inline(always)]
-unsafe fn scale_products<const R: usize, const C: usize>(
-    t: &Tile,
-    b0: usize,
-    n: usize,
-    sc: &mut [[[f32; 8]; C]; R],
-) {
+unsafe fn scale_products<const R: usize, const C: usize>(t: &Tile, b0: usize, n: usize, sc: &mut [[[f32; 8]; C]; R]) {
     for (r, scr) in sc.iter_mut().enumerate() {
         let dw = load_scales8(t.wd.add(r * t.nb + b0), n);
         for (c, s) in scr.iter_mut().enumerate() {
@@ -208,13 +196,7 @@ impl Tile {
     /// The same rows, from `c` tokens further on.
     #[inline(always)]
     unsafe fn at(&self, c: usize) -> Tile {
-        Tile {
-            xq: self.xq.add(c * self.k),
-            xd: self.xd.add(c * self.ns),
-            xs: self.xs.add(c * self.ns),
-            y: self.y.add(c * self.ldy),
-            ..*self
-        }
+        Tile { xq: self.xq.add(c * self.k), xd: self.xd.add(c * self.ns), xs: self.xs.add(c * self.ns), y: self.y.add(c * self.ldy), ..*self }
     }
 }
 

@@ -19,29 +19,14 @@ pub fn ggml_dequantize(dtype: GgmlDType, data: &[u8], elems: usize) -> candle_co
     t.dequantize(&Device::Cpu)?.to_vec1::<f32>()
 }
 
-pub(super) fn from_ggml(
-    what: &str,
-    dtype: GgmlDType,
-    data: &[u8],
-    rows: usize,
-    cols: usize,
-) -> Result<QuantMatrix, QuantError> {
+pub(super) fn from_ggml(what: &str, dtype: GgmlDType, data: &[u8], rows: usize, cols: usize) -> Result<QuantMatrix, QuantError> {
     let block = dtype.block_size();
     if cols % QK != 0 || cols % block != 0 {
-        return Err(QuantError::Shape(format!(
-            "{what}: {cols} columns is not a multiple of the {dtype:?} block size"
-        )));
+        return Err(QuantError::Shape(format!("{what}: {cols} columns is not a multiple of the {dtype:?} block size")));
     }
     let expected = rows * cols / block * dtype.type_size();
     if data.len() != expected {
-        return Err(QuantError::Size {
-            what: what.to_string(),
-            dtype,
-            rows,
-            cols,
-            expected,
-            got: data.len(),
-        });
+        return Err(QuantError::Size { what: what.to_string(), dtype, rows, cols, expected, got: data.len() });
     }
     let nblocks = rows * cols / QK;
     match dtype {
@@ -79,15 +64,8 @@ pub(super) fn from_ggml(
             }
             Ok(out.padded())
         }
-        GgmlDType::Q5_0
-        | GgmlDType::Q5_1
-        | GgmlDType::Q2K
-        | GgmlDType::Q3K
-        | GgmlDType::Q5K
-        | GgmlDType::Q6K
-        | GgmlDType::Q8K => {
-            let f = ggml_dequantize(dtype, data, rows * cols)
-                .map_err(|e| QuantError::Shape(format!("{what}: dequantizing {dtype:?}: {e}")))?;
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8K => {
+            let f = ggml_dequantize(dtype, data, rows * cols).map_err(|e| QuantError::Shape(format!("{what}: dequantizing {dtype:?}: {e}")))?;
             debug_assert_eq!(f.len() / QK, nblocks);
             quantize_f32(QFormat::Q8, &f, rows, cols)
         }
@@ -122,10 +100,7 @@ fn q4k_block(blk: &[u8], out: &mut QuantMatrix) {
         let (sc, m) = if j < 4 {
             (scales[j] & 63, scales[j + 4] & 63)
         } else {
-            (
-                (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
-                (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
-            )
+            ((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
         };
         (d * sc as f32, dmin * m as f32)
     };
@@ -146,17 +121,9 @@ fn q4k_block(blk: &[u8], out: &mut QuantMatrix) {
     }
 }
 
-pub(super) fn quantize_f32(
-    format: QFormat,
-    data: &[f32],
-    rows: usize,
-    cols: usize,
-) -> Result<QuantMatrix, QuantError> {
+pub(super) fn quantize_f32(format: QFormat, data: &[f32], rows: usize, cols: usize) -> Result<QuantMatrix, QuantError> {
     if cols % QK != 0 || data.len() != rows * cols {
-        return Err(QuantError::Shape(format!(
-            "cannot quantize {} values as {rows}x{cols} (columns must be a multiple of {QK})",
-            data.len()
-        )));
+        return Err(QuantError::Shape(format!("cannot quantize {} values as {rows}x{cols} (columns must be a multiple of {QK})", data.len())));
     }
     let mut out = empty(format, rows, cols);
     for blk in data.chunks_exact(QK) {
@@ -169,9 +136,7 @@ pub(super) fn quantize_f32(
                 out.qs.extend(blk.iter().map(|&v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8));
             }
             QFormat::Q4 => {
-                let (mn, mx) = blk
-                    .iter()
-                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+                let (mn, mx) = blk.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
                 let d = (mx - mn) / 15.0;
                 let id = if d > 0.0 { 1.0 / d } else { 0.0 };
                 out.d.push(f16::from_f32(d));

@@ -75,17 +75,16 @@ fn quantize_parallel(acts: &mut QuantizedActs, x: &[f32], t: usize, k: usize) {
     acts.d.resize(t * ns, 0.0);
     acts.s.resize(t * ns, 0.0);
     let per = t.div_ceil(rayon::current_num_threads() * CHUNKS_PER_THREAD).max(1);
-    x.par_chunks(per * k)
-        .zip(acts.qs.par_chunks_mut(per * k))
-        .zip(acts.d.par_chunks_mut(per * ns).zip(acts.s.par_chunks_mut(per * ns)))
-        .for_each(|((x, qs), (d, s))| {
+    x.par_chunks(per * k).zip(acts.qs.par_chunks_mut(per * k)).zip(acts.d.par_chunks_mut(per * ns).zip(acts.s.par_chunks_mut(per * ns))).for_each(
+        |((x, qs), (d, s))| {
             let mut tmp = QuantizedActs::default();
             let rows = x.len() / k;
             tmp.quantize_into(x, rows, k);
             qs.copy_from_slice(&tmp.qs);
             d.copy_from_slice(&tmp.d);
             s.copy_from_slice(&tmp.s);
-        });
+        },
+    );
 }
 
 /// Raw output pointer shared by the chunks, which write disjoint rows.
@@ -191,18 +190,7 @@ fn unpack_rows(w: &QuantMatrix, r: usize, nr: usize, out: &mut [u8]) {
 
 /// Rows `r..r+nr` against tokens `tok..tok+ntok`.
 #[allow(clippy::too_many_arguments)]
-fn run_tiles(
-    w: &QuantMatrix,
-    acts: &QuantizedActs,
-    r: usize,
-    nr: usize,
-    tok: usize,
-    ntok: usize,
-    dw: &[f32],
-    mw: &[f32],
-    weights: Weights<'_>,
-    y: *mut f32,
-) {
+fn run_tiles(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: usize, ntok: usize, dw: &[f32], mw: &[f32], weights: Weights<'_>, y: *mut f32) {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         use super::avx2::{q4_rows, q8_rows, Tile};
@@ -255,17 +243,7 @@ fn run_tiles(
 
 /// The portable kernels: `nr` rows against `nc` tokens from `tok`.
 #[allow(clippy::too_many_arguments)]
-fn run_tile_portable(
-    w: &QuantMatrix,
-    acts: &QuantizedActs,
-    r: usize,
-    nr: usize,
-    tok: usize,
-    nc: usize,
-    dw: &[f32],
-    mw: &[f32],
-    y: *mut f32,
-) {
+fn run_tile_portable(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: usize, nc: usize, dw: &[f32], mw: &[f32], y: *mut f32) {
     let nb = w.blocks_per_row();
     let t = super::scalar::Tile {
         qs: &w.qs[r * w.row_bytes()..],

@@ -76,11 +76,7 @@ pub(crate) const SCALE_PAD: usize = 8;
 
 impl std::fmt::Debug for QuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuantMatrix")
-            .field("format", &self.format)
-            .field("rows", &self.rows)
-            .field("cols", &self.cols)
-            .finish()
+        f.debug_struct("QuantMatrix").field("format", &self.format).field("rows", &self.rows).field("cols", &self.cols).finish()
     }
 }
 
@@ -156,13 +152,7 @@ impl QuantMatrix {
 
     /// Converts ggml block data (`rows` rows of `cols` weights, row-major) into the internal
     /// layout. See the module docs for which formats are exact.
-    pub fn from_ggml(
-        what: &str,
-        dtype: GgmlDType,
-        data: &[u8],
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self, QuantError> {
+    pub fn from_ggml(what: &str, dtype: GgmlDType, data: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
         convert::from_ggml(what, dtype, data, rows, cols)
     }
 
@@ -176,18 +166,10 @@ impl QuantMatrix {
     pub fn concat_rows(parts: &[&QuantMatrix]) -> Result<Self, QuantError> {
         let first = parts.first().ok_or_else(|| QuantError::Shape("concat of nothing".into()))?;
         if parts.iter().any(|p| p.cols != first.cols || p.format != first.format) {
-            return Err(QuantError::Shape(
-                "concatenated matrices must share columns and format".into(),
-            ));
+            return Err(QuantError::Shape("concatenated matrices must share columns and format".into()));
         }
-        let mut out = QuantMatrix {
-            format: first.format,
-            rows: parts.iter().map(|p| p.rows).sum(),
-            cols: first.cols,
-            qs: Vec::new(),
-            d: Vec::new(),
-            m: Vec::new(),
-        };
+        let mut out =
+            QuantMatrix { format: first.format, rows: parts.iter().map(|p| p.rows).sum(), cols: first.cols, qs: Vec::new(), d: Vec::new(), m: Vec::new() };
         for p in parts {
             let n = p.rows * p.blocks_per_row();
             out.qs.extend_from_slice(&p.qs);

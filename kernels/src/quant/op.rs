@@ -14,9 +14,7 @@ impl candle_core::CustomOp1 for QMatMul {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (a, b) = l
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("qmatmul: input must be contiguous".into()))?;
+        let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("qmatmul: input must be contiguous".into()))?;
         let x = &s.as_slice::<f32>()?[a..b];
         let dims = l.shape().dims();
         let k = *dims.last().unwrap_or(&0);

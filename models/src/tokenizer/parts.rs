@@ -27,16 +27,11 @@ const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\
 
 /// Reads `tokenizer.ggml.*` metadata.
 pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
-    let model = g
-        .get_str("tokenizer.ggml.model")
-        .ok_or_else(|| Error::Format("GGUF has no tokenizer.ggml.model".into()))?;
-    let pieces = string_array(g, "tokenizer.ggml.tokens")?
-        .ok_or_else(|| Error::Format("GGUF has no tokenizer.ggml.tokens".into()))?;
+    let model = g.get_str("tokenizer.ggml.model").ok_or_else(|| Error::Format("GGUF has no tokenizer.ggml.model".into()))?;
+    let pieces = string_array(g, "tokenizer.ggml.tokens")?.ok_or_else(|| Error::Format("GGUF has no tokenizer.ggml.tokens".into()))?;
     let n = pieces.len();
     if n == 0 || n > u32::MAX as usize {
-        return Err(Error::Format(format!(
-            "tokenizer.ggml.tokens has {n} entries"
-        )));
+        return Err(Error::Format(format!("tokenizer.ggml.tokens has {n} entries")));
     }
     let kinds = gguf_kinds(g, &pieces)?;
     let id = |key: &str| -> Option<u32> {
@@ -51,79 +46,41 @@ pub(super) fn from_gguf(g: &GgufFile) -> Result<Parts> {
     let flag = |key: &str| g.get(key).and_then(|v| v.as_bool());
     let bos = id("tokenizer.ggml.bos_token_id");
     let eos = id("tokenizer.ggml.eos_token_id");
-    let extra_eog: Vec<u32> = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
-        .iter()
-        .filter_map(|k| id(k))
-        .collect();
+    let extra_eog: Vec<u32> = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"].iter().filter_map(|k| id(k)).collect();
     let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
 
     let (encoder_hf, encoder_spm, style, add_bos_default, add_space_prefix) = match model {
         "gpt2" => {
             let pre = g.get_str("tokenizer.ggml.pre").unwrap_or("");
             let (pre_tokenizer, ignore_merges, add_bos_default) = pre_tokenizer_for(pre);
-            let merges = string_array(g, "tokenizer.ggml.merges")?.ok_or_else(|| {
-                Error::Format("gpt2 tokenizer without tokenizer.ggml.merges".into())
-            })?;
+            let merges = string_array(g, "tokenizer.ggml.merges")?.ok_or_else(|| Error::Format("gpt2 tokenizer without tokenizer.ggml.merges".into()))?;
             let hf = byte_level_bpe(&pieces, &merges, pre_tokenizer, ignore_merges)?;
             let space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(false);
             if space {
-                tracing::warn!(
-                    "tokenizer.ggml.add_space_prefix is set on a gpt2 tokenizer; ignored"
-                );
+                tracing::warn!("tokenizer.ggml.add_space_prefix is set on a gpt2 tokenizer; ignored");
             }
-            (
-                Some(hf),
-                None,
-                DecodeStyle::ByteLevel,
-                add_bos_default,
-                false,
-            )
+            (Some(hf), None, DecodeStyle::ByteLevel, add_bos_default, false)
         }
         "llama" => {
             let scores = float_array(g, "tokenizer.ggml.scores")?.unwrap_or_else(|| vec![0.0; n]);
             if scores.len() != n {
-                return Err(Error::Format(format!(
-                    "tokenizer.ggml.scores has {} entries for {n} tokens",
-                    scores.len()
-                )));
+                return Err(Error::Format(format!("tokenizer.ggml.scores has {} entries for {n} tokens", scores.len())));
             }
             if flag("tokenizer.ggml.remove_extra_whitespaces") == Some(true) {
-                return Err(Error::Unsupported(
-                    "tokenizer.ggml.remove_extra_whitespaces".into(),
-                ));
+                return Err(Error::Unsupported("tokenizer.ggml.remove_extra_whitespaces".into()));
             }
             let unk = id("tokenizer.ggml.unknown_token_id");
             let space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
             let spm = SpmEncoder::new(&pieces, &kinds, scores, unk);
-            (
-                None,
-                Some(spm),
-                DecodeStyle::SentencePiece {
-                    strip_leading_space: space,
-                },
-                true,
-                space,
-            )
+            (None, Some(spm), DecodeStyle::SentencePiece { strip_leading_space: space }, true, space)
         }
-        other => {
-            return Err(Error::Unsupported(format!(
-                "GGUF tokenizer model '{other}' (supported: gpt2, llama)"
-            )))
-        }
+        other => return Err(Error::Unsupported(format!("GGUF tokenizer model '{other}' (supported: gpt2, llama)"))),
     };
 
     let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default);
     let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
-    let prefix = if add_bos {
-        bos.into_iter().collect()
-    } else {
-        Vec::new()
-    };
-    let suffix = if add_eos {
-        eos.into_iter().collect()
-    } else {
-        Vec::new()
-    };
+    let prefix = if add_bos { bos.into_iter().collect() } else { Vec::new() };
+    let suffix = if add_eos { eos.into_iter().collect() } else { Vec::new() };
 
     Ok(Parts {
         encoder_hf,
@@ -183,16 +140,10 @@ fn gguf_kinds(g: &GgufFile, pieces: &[String]) -> Result<Vec<TokenKind>> {
     let normal = vec![crate::gguf::MetaValue::I32(1); pieces.len()];
     let arr = match g.get("tokenizer.ggml.token_type") {
         None => &normal[..],
-        Some(v) => v
-            .as_array()
-            .ok_or_else(|| Error::Format("tokenizer.ggml.token_type is not an array".into()))?,
+        Some(v) => v.as_array().ok_or_else(|| Error::Format("tokenizer.ggml.token_type is not an array".into()))?,
     };
     if arr.len() != pieces.len() {
-        return Err(Error::Format(format!(
-            "tokenizer.ggml.token_type has {} entries for {} tokens",
-            arr.len(),
-            pieces.len()
-        )));
+        return Err(Error::Format(format!("tokenizer.ggml.token_type has {} entries for {} tokens", arr.len(), pieces.len())));
     }
     Ok(arr
         .iter()
@@ -222,32 +173,14 @@ fn parse_byte_piece(piece: &str) -> Option<u8> {
 
 fn string_array(g: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v
-        .as_array()
-        .ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
-    arr.iter()
-        .map(|x| {
-            x.as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| Error::Format(format!("{key} holds a non-string")))
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    let arr = v.as_array().ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
+    arr.iter().map(|x| x.as_str().map(str::to_owned).ok_or_else(|| Error::Format(format!("{key} holds a non-string")))).collect::<Result<Vec<_>>>().map(Some)
 }
 
 fn float_array(g: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
     let Some(v) = g.get(key) else { return Ok(None) };
-    let arr = v
-        .as_array()
-        .ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
-    arr.iter()
-        .map(|x| {
-            x.as_f64()
-                .map(|f| f as f32)
-                .ok_or_else(|| Error::Format(format!("{key} holds a non-number")))
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    let arr = v.as_array().ok_or_else(|| Error::Format(format!("{key} is not an array")))?;
+    arr.iter().map(|x| x.as_f64().map(|f| f as f32).ok_or_else(|| Error::Format(format!("{key} holds a non-number")))).collect::<Result<Vec<_>>>().map(Some)
 }
 
 /// The Hugging Face pre-tokenizer for a llama.cpp pre-tokenizer name, whether BPE should take
@@ -259,21 +192,10 @@ fn pre_tokenizer_for(pre: &str) -> (Value, bool, bool) {
     let seq = |v: Vec<Value>| json!({"type": "Sequence", "pretokenizers": v});
     match pre {
         // Digits one by one, then GPT-2's regex.
-        "smollm" | "starcoder" | "refact" | "codeshell" => (
-            seq(vec![
-                json!({"type": "Digits", "individual_digits": true}),
-                byte_level(true),
-            ]),
-            false,
-            false,
-        ),
+        "smollm" | "starcoder" | "refact" | "codeshell" => (seq(vec![json!({"type": "Digits", "individual_digits": true}), byte_level(true)]), false, false),
         "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" => (byte_level(true), false, false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => {
-            (seq(vec![split(LLAMA3_RE), byte_level(false)]), true, true)
-        }
-        "qwen2" | "deepseek-r1-qwen" | "stablelm2" => {
-            (seq(vec![split(QWEN2_RE), byte_level(false)]), false, false)
-        }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" => (seq(vec![split(LLAMA3_RE), byte_level(false)]), true, true),
+        "qwen2" | "deepseek-r1-qwen" | "stablelm2" => (seq(vec![split(QWEN2_RE), byte_level(false)]), false, false),
         "default" | "" => (default_pre_tokenizer(), false, false),
         other => {
             tracing::warn!(
@@ -300,12 +222,7 @@ fn default_pre_tokenizer() -> Value {
 }
 
 /// A byte-level BPE pipeline over `pieces` (ids in order) and `merges` ("left right" strings).
-fn byte_level_bpe(
-    pieces: &[String],
-    merges: &[String],
-    pre: Value,
-    ignore_merges: bool,
-) -> Result<tokenizers::Tokenizer> {
+fn byte_level_bpe(pieces: &[String], merges: &[String], pre: Value, ignore_merges: bool) -> Result<tokenizers::Tokenizer> {
     let mut vocab = Map::with_capacity(pieces.len());
     for (i, p) in pieces.iter().enumerate() {
         // Duplicate entries: the last id wins, as in llama.cpp.
@@ -317,15 +234,9 @@ fn byte_level_bpe(
     let mut pairs = Vec::with_capacity(merges.len());
     for m in merges {
         // Split at the first space after the first character (a piece may be a lone space).
-        let cut = m
-            .char_indices()
-            .skip(1)
-            .find(|&(_, c)| c == ' ')
-            .map(|(i, _)| i)
-            .ok_or_else(|| Error::Format(format!("malformed BPE merge {m:?}")))?;
+        let cut = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i).ok_or_else(|| Error::Format(format!("malformed BPE merge {m:?}")))?;
         let (a, b) = (&m[..cut], &m[cut + 1..]);
-        if vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}"))
-        {
+        if vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}")) {
             pairs.push(json!([a, b]));
         } else {
             skipped += 1;
@@ -357,8 +268,7 @@ fn byte_level_bpe(
             "merges": merges,
         },
     });
-    serde_json::from_value(doc)
-        .map_err(|e| Error::Tokenizer(format!("building the BPE tokenizer: {e}")))
+    serde_json::from_value(doc).map_err(|e| Error::Tokenizer(format!("building the BPE tokenizer: {e}")))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,14 +288,10 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let (json_path, dir) = if path.is_dir() {
         (path.join("tokenizer.json"), path.to_path_buf())
     } else {
-        (
-            path.to_path_buf(),
-            path.parent().map(Path::to_path_buf).unwrap_or_default(),
-        )
+        (path.to_path_buf(), path.parent().map(Path::to_path_buf).unwrap_or_default())
     };
     let text = std::fs::read_to_string(&json_path).map_err(|e| Error::io(&json_path, e))?;
-    let mut root: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Format(format!("{}: {e}", json_path.display())))?;
+    let mut root: Value = serde_json::from_str(&text).map_err(|e| Error::Format(format!("{}: {e}", json_path.display())))?;
     let config = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
     let gen_config = read_json_if_exists(&dir.join("generation_config.json"))?;
 
@@ -395,39 +301,22 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let model = root.get("model").cloned().unwrap_or(Value::Null);
     let model_type = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
     if model_type != "BPE" {
-        return Err(Error::Unsupported(format!(
-            "tokenizer.json model type {model_type} (only BPE)"
-        )));
+        return Err(Error::Unsupported(format!("tokenizer.json model type {model_type} (only BPE)")));
     }
-    let byte_fallback = model
-        .get("byte_fallback")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let vocab = model
-        .get("vocab")
-        .and_then(Value::as_object)
-        .ok_or_else(|| Error::Format("tokenizer.json model has no vocab".into()))?;
+    let byte_fallback = model.get("byte_fallback").and_then(Value::as_bool).unwrap_or(false);
+    let vocab = model.get("vocab").and_then(Value::as_object).ok_or_else(|| Error::Format("tokenizer.json model has no vocab".into()))?;
 
     // Vocabulary by id: model vocab, then added tokens (which may extend it).
-    let max_id = vocab
-        .values()
-        .filter_map(Value::as_u64)
-        .chain(added.iter().map(|a| a.id as u64))
-        .max()
-        .ok_or_else(|| Error::Format("empty vocabulary".into()))?;
+    let max_id =
+        vocab.values().filter_map(Value::as_u64).chain(added.iter().map(|a| a.id as u64)).max().ok_or_else(|| Error::Format("empty vocabulary".into()))?;
     if max_id >= u32::MAX as u64 || max_id > 16 * 1024 * 1024 {
-        return Err(Error::Format(format!(
-            "token id {max_id} is implausibly large"
-        )));
+        return Err(Error::Format(format!("token id {max_id} is implausibly large")));
     }
     let n = max_id as usize + 1;
     let mut pieces = vec![String::new(); n];
     let mut kinds = vec![TokenKind::Unused; n];
     for (piece, id) in vocab {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| Error::Format(format!("vocab entry {piece:?} has no id")))?
-            as usize;
+        let id = id.as_u64().ok_or_else(|| Error::Format(format!("vocab entry {piece:?} has no id")))? as usize;
         pieces[id] = piece.clone();
         kinds[id] = match byte_fallback.then(|| parse_byte_piece(piece)).flatten() {
             Some(b) => TokenKind::Byte(b),
@@ -437,11 +326,7 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
     let mut strip_flags = HashMap::new();
     for a in &added {
         pieces[a.id as usize] = a.content.clone();
-        kinds[a.id as usize] = if a.special {
-            TokenKind::Control
-        } else {
-            TokenKind::UserDefined
-        };
+        kinds[a.id as usize] = if a.special { TokenKind::Control } else { TokenKind::UserDefined };
         if a.lstrip || a.rstrip {
             strip_flags.insert(a.id, (a.lstrip, a.rstrip));
         }
@@ -456,43 +341,23 @@ pub(super) fn from_hf_file(path: &Path) -> Result<Parts> {
             obj.insert(key.into(), Value::Null);
         }
     }
-    let hf: tokenizers::Tokenizer = serde_json::from_value(root)
-        .map_err(|e| Error::Tokenizer(format!("{}: {e}", json_path.display())))?;
+    let hf: tokenizers::Tokenizer = serde_json::from_value(root).map_err(|e| Error::Tokenizer(format!("{}: {e}", json_path.display())))?;
 
-    let lookup = |s: &str| -> Option<u32> {
-        added
-            .iter()
-            .find(|a| a.content == s)
-            .map(|a| a.id)
-            .or_else(|| vocab.get(s).and_then(Value::as_u64).map(|v| v as u32))
-    };
+    let lookup =
+        |s: &str| -> Option<u32> { added.iter().find(|a| a.content == s).map(|a| a.id).or_else(|| vocab.get(s).and_then(Value::as_u64).map(|v| v as u32)) };
     let (mut prefix, mut suffix) = template_specials(&post);
     let cfg_token = |key: &str| config.as_ref().and_then(|c| token_field(c.get(key)?));
     let gen_ids = |key: &str| -> Vec<u32> {
         match gen_config.as_ref().and_then(|c| c.get(key)) {
             Some(Value::Number(x)) => x.as_u64().map(|v| v as u32).into_iter().collect(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|v| v as u32)
-                .collect(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
             _ => Vec::new(),
         }
     };
-    let bos = cfg_token("bos_token")
-        .and_then(|s| lookup(&s))
-        .or_else(|| gen_ids("bos_token_id").first().copied())
-        .or_else(|| prefix.first().copied());
+    let bos = cfg_token("bos_token").and_then(|s| lookup(&s)).or_else(|| gen_ids("bos_token_id").first().copied()).or_else(|| prefix.first().copied());
     let gen_eos = gen_ids("eos_token_id");
-    let eos = cfg_token("eos_token")
-        .and_then(|s| lookup(&s))
-        .or_else(|| gen_eos.first().copied());
-    let cfg_flag = |key: &str| {
-        config
-            .as_ref()
-            .and_then(|c| c.get(key))
-            .and_then(Value::as_bool)
-    };
+    let eos = cfg_token("eos_token").and_then(|s| lookup(&s)).or_else(|| gen_eos.first().copied());
+    let cfg_flag = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(Value::as_bool);
     if let Some(b) = bos {
         match cfg_flag("add_bos_token") {
             Some(true) if !prefix.contains(&b) => prefix.insert(0, b),
@@ -542,9 +407,7 @@ fn read_json_if_exists(path: &Path) -> Result<Option<Value>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::Format(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map(Some).map_err(|e| Error::Format(format!("{}: {e}", path.display())))
 }
 
 fn parse_added(root: &Value) -> Result<Vec<Added>> {
@@ -553,23 +416,11 @@ fn parse_added(root: &Value) -> Result<Vec<Added>> {
     };
     list.iter()
         .map(|t| {
-            let id = t
-                .get("id")
-                .and_then(Value::as_u64)
-                .filter(|&v| v < u32::MAX as u64)
-                .ok_or_else(|| Error::Format("added token without a valid id".into()))?;
-            let content = t
-                .get("content")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Error::Format(format!("added token {id} without content")))?;
+            let id =
+                t.get("id").and_then(Value::as_u64).filter(|&v| v < u32::MAX as u64).ok_or_else(|| Error::Format("added token without a valid id".into()))?;
+            let content = t.get("content").and_then(Value::as_str).ok_or_else(|| Error::Format(format!("added token {id} without content")))?;
             let flag = |k: &str| t.get(k).and_then(Value::as_bool).unwrap_or(false);
-            Ok(Added {
-                id: id as u32,
-                content: content.to_owned(),
-                special: flag("special"),
-                lstrip: flag("lstrip"),
-                rstrip: flag("rstrip"),
-            })
+            Ok(Added { id: id as u32, content: content.to_owned(), special: flag("special"), lstrip: flag("lstrip"), rstrip: flag("rstrip") })
         })
         .collect()
 }
@@ -588,19 +439,9 @@ fn template_field(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => {
-            let named = |name: &str| {
-                list.iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some(name))
-                    .and_then(|t| t.get("template"))
-                    .and_then(Value::as_str)
-            };
-            named("default")
-                .or_else(|| {
-                    list.first()
-                        .and_then(|t| t.get("template"))
-                        .and_then(Value::as_str)
-                })
-                .map(str::to_owned)
+            let named =
+                |name: &str| list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(name)).and_then(|t| t.get("template")).and_then(Value::as_str);
+            named("default").or_else(|| list.first().and_then(|t| t.get("template")).and_then(Value::as_str)).map(str::to_owned)
         }
         _ => None,
     }
@@ -613,10 +454,8 @@ fn template_specials(post: &Value) -> (Vec<u32>, Vec<u32>) {
         Some("Sequence") => match post
             .get("processors")
             .and_then(Value::as_array)
-            .and_then(|ps| {
-                ps.iter()
-                    .find(|p| p.get("type").and_then(Value::as_str) == Some("TemplateProcessing"))
-            }) {
+            .and_then(|ps| ps.iter().find(|p| p.get("type").and_then(Value::as_str) == Some("TemplateProcessing")))
+        {
             Some(p) => p,
             None => return (Vec::new(), Vec::new()),
         },
@@ -627,29 +466,15 @@ fn template_specials(post: &Value) -> (Vec<u32>, Vec<u32>) {
             .and_then(|s| s.get(name))
             .and_then(|s| s.get("ids"))
             .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_u64)
-                    .map(|v| v as u32)
-                    .collect()
-            })
+            .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
             .unwrap_or_default()
     };
     let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
     let mut seen_seq = false;
-    for item in tp
-        .get("single")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for item in tp.get("single").and_then(Value::as_array).into_iter().flatten() {
         if item.get("Sequence").is_some() {
             seen_seq = true;
-        } else if let Some(name) = item
-            .get("SpecialToken")
-            .and_then(|s| s.get("id"))
-            .and_then(Value::as_str)
-        {
+        } else if let Some(name) = item.get("SpecialToken").and_then(|s| s.get("id")).and_then(Value::as_str) {
             let ids = ids_of(name);
             if seen_seq {
                 suffix.extend(ids)
@@ -675,51 +500,29 @@ fn decode_style(decoder: &Value) -> Result<DecodeStyle> {
     }
     let mut parts = Vec::new();
     walk(decoder, &mut parts);
-    let ty = |v: &Value| {
-        v.get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned()
-    };
+    let ty = |v: &Value| v.get("type").and_then(Value::as_str).unwrap_or("").to_owned();
     if parts.iter().any(|d| ty(d) == "ByteLevel") {
         return Ok(DecodeStyle::ByteLevel);
     }
     let spm_like = parts.iter().any(|d| {
         let t = ty(d);
-        t == "Metaspace"
-            || t == "ByteFallback"
-            || (t == "Replace"
-                && d.get("pattern")
-                    .and_then(|p| p.get("String"))
-                    .and_then(Value::as_str)
-                    == Some("▁"))
+        t == "Metaspace" || t == "ByteFallback" || (t == "Replace" && d.get("pattern").and_then(|p| p.get("String")).and_then(Value::as_str) == Some("▁"))
     });
     if !spm_like {
         return Err(Error::Unsupported(format!(
             "tokenizer.json decoder {} (supported: ByteLevel, SentencePiece-style)",
-            if decoder.is_null() {
-                "null".to_owned()
-            } else {
-                decoder.to_string().chars().take(120).collect()
-            }
+            if decoder.is_null() { "null".to_owned() } else { decoder.to_string().chars().take(120).collect() }
         )));
     }
     let strip_leading_space = parts.iter().any(|d| match ty(d).as_str() {
         "Strip" => d.get("start").and_then(Value::as_u64).unwrap_or(0) > 0,
         "Metaspace" => {
-            d.get("add_prefix_space")
-                .and_then(Value::as_bool)
-                .unwrap_or(false)
-                || matches!(
-                    d.get("prepend_scheme").and_then(Value::as_str),
-                    Some("first" | "always")
-                )
+            d.get("add_prefix_space").and_then(Value::as_bool).unwrap_or(false)
+                || matches!(d.get("prepend_scheme").and_then(Value::as_str), Some("first" | "always"))
         }
         _ => false,
     });
-    Ok(DecodeStyle::SentencePiece {
-        strip_leading_space,
-    })
+    Ok(DecodeStyle::SentencePiece { strip_leading_space })
 }
 
 #[cfg(test)]
@@ -756,15 +559,7 @@ mod tests {
             {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
-        assert_eq!(
-            decode_style(&llama2).ok(),
-            Some(DecodeStyle::SentencePiece {
-                strip_leading_space: true
-            })
-        );
-        assert!(matches!(
-            decode_style(&json!({"type": "WordPiece"})),
-            Err(Error::Unsupported(_))
-        ));
+        assert_eq!(decode_style(&llama2).ok(), Some(DecodeStyle::SentencePiece { strip_leading_space: true }));
+        assert!(matches!(decode_style(&json!({"type": "WordPiece"})), Err(Error::Unsupported(_))));
     }
 }

@@ -48,9 +48,7 @@ impl PartialOrd for Candidate {
 impl Ord for Candidate {
     /// Max-heap order: higher score first, then the leftmost.
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score
-            .total_cmp(&o.score)
-            .then_with(|| o.left.cmp(&self.left))
+        self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left))
     }
 }
 
@@ -65,12 +63,7 @@ struct Symbol {
 
 impl SpmEncoder {
     /// Indexes the vocabulary. `scores[i]` is piece `i`'s score.
-    pub(crate) fn new(
-        pieces: &[String],
-        kinds: &[TokenKind],
-        scores: Vec<f32>,
-        unk: Option<u32>,
-    ) -> Self {
+    pub(crate) fn new(pieces: &[String], kinds: &[TokenKind], scores: Vec<f32>, unk: Option<u32>) -> Self {
         let mut ids = HashMap::with_capacity(pieces.len());
         let mut byte_ids = [None; 256];
         for (i, p) in pieces.iter().enumerate() {
@@ -79,12 +72,7 @@ impl SpmEncoder {
                 byte_ids[*b as usize] = Some(i as u32);
             }
         }
-        Self {
-            ids,
-            scores,
-            byte_ids,
-            unk,
-        }
+        Self { ids, scores, byte_ids, unk }
     }
 
     /// Encodes one plain-text segment, appending ids to `out`. `prefix_space` prepends a space
@@ -104,12 +92,7 @@ impl SpmEncoder {
         let mut syms: Vec<Symbol> = Vec::with_capacity(norm.len());
         for (start, c) in norm.char_indices() {
             let i = syms.len();
-            syms.push(Symbol {
-                start,
-                len: c.len_utf8(),
-                prev: i.checked_sub(1),
-                next: Some(i + 1),
-            });
+            syms.push(Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: Some(i + 1) });
         }
         if let Some(last) = syms.last_mut() {
             last.next = None;
@@ -147,11 +130,9 @@ impl SpmEncoder {
                 Some(&id) => out.push(id),
                 None => {
                     for b in piece.bytes() {
-                        let id = self.byte_ids[b as usize].or(self.unk).ok_or_else(|| {
-                            Error::Tokenizer(format!(
-                                "no byte token for 0x{b:02X} and no unknown token"
-                            ))
-                        })?;
+                        let id = self.byte_ids[b as usize]
+                            .or(self.unk)
+                            .ok_or_else(|| Error::Tokenizer(format!("no byte token for 0x{b:02X} and no unknown token")))?;
                         out.push(id);
                     }
                 }
@@ -161,26 +142,14 @@ impl SpmEncoder {
         Ok(())
     }
 
-    fn push_candidate(
-        &self,
-        norm: &str,
-        syms: &[Symbol],
-        left: usize,
-        right: usize,
-        heap: &mut BinaryHeap<Candidate>,
-    ) {
+    fn push_candidate(&self, norm: &str, syms: &[Symbol], left: usize, right: usize, heap: &mut BinaryHeap<Candidate>) {
         let (l, r) = (syms[left], syms[right]);
         let len = l.len + r.len;
         let Some(&id) = self.ids.get(&norm[l.start..l.start + len]) else {
             return;
         };
         let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
-        heap.push(Candidate {
-            score,
-            left,
-            right,
-            len,
-        });
+        heap.push(Candidate { score, left, right, len });
     }
 }
 
@@ -189,12 +158,7 @@ mod tests {
     use super::*;
 
     fn toy() -> SpmEncoder {
-        let pieces: Vec<String> = [
-            "<unk>", "▁", "a", "b", "ab", "▁ab", "<0x63>", "<0xC3>", "<0xA9>",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let pieces: Vec<String> = ["<unk>", "▁", "a", "b", "ab", "▁ab", "<0x63>", "<0xC3>", "<0xA9>"].iter().map(|s| s.to_string()).collect();
         let kinds: Vec<TokenKind> = pieces
             .iter()
             .map(|p| match p.as_str() {

@@ -29,33 +29,20 @@ impl IncrementalDecoder {
     /// A decoder for a text that starts with the first pushed token: equal to
     /// `tokenizer.decode(ids, skip_special_tokens)`.
     pub fn new(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
-        Self {
-            tokenizer,
-            skip_special_tokens,
-            pending: Vec::new(),
-            at_start: true,
-        }
+        Self { tokenizer, skip_special_tokens, pending: Vec::new(), at_start: true }
     }
 
     /// A decoder for tokens that continue a text decoded elsewhere, such as generated tokens
     /// after a prompt: a SentencePiece leading space (`▁Hello` → ` Hello`) is kept, because it
     /// separates the continuation from what came before.
     pub fn continuation(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
-        Self {
-            tokenizer,
-            skip_special_tokens,
-            pending: Vec::new(),
-            at_start: false,
-        }
+        Self { tokenizer, skip_special_tokens, pending: Vec::new(), at_start: false }
     }
 
     /// Adds one token; returns the text it completes (often empty while a character is split).
     /// An id outside the vocabulary is [`Error::Invalid`] and leaves the decoder unchanged.
     pub fn push(&mut self, id: u32) -> Result<String> {
-        let Some(bytes) =
-            self.tokenizer
-                .piece_bytes(id, self.skip_special_tokens, self.at_start)?
-        else {
+        let Some(bytes) = self.tokenizer.piece_bytes(id, self.skip_special_tokens, self.at_start)? else {
             return Ok(String::new());
         };
         self.at_start = false;
@@ -150,11 +137,7 @@ impl StopMatcher {
         if stops.iter().any(String::is_empty) {
             return Err(Error::Invalid("empty stop string".into()));
         }
-        Ok(Self {
-            stops,
-            held: String::new(),
-            stopped: None,
-        })
+        Ok(Self { stops, held: String::new(), stopped: None })
     }
 
     /// True if there are no stop strings (every push passes text straight through).
@@ -171,42 +154,25 @@ impl StopMatcher {
     /// returns no text and the same `stopped`.
     pub fn push(&mut self, text: &str) -> StopOutput {
         if self.stopped.is_some() {
-            return StopOutput {
-                text: String::new(),
-                stopped: self.stopped,
-            };
+            return StopOutput { text: String::new(), stopped: self.stopped };
         }
         if self.stops.is_empty() {
-            return StopOutput {
-                text: text.to_owned(),
-                stopped: None,
-            };
+            return StopOutput { text: text.to_owned(), stopped: None };
         }
         self.held.push_str(text);
         // The earliest match wins; at the same position the first listed stop string.
-        let first = self
-            .stops
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|pos| (pos, i)))
-            .min();
+        let first = self.stops.iter().enumerate().filter_map(|(i, s)| self.held.find(s.as_str()).map(|pos| (pos, i))).min();
         if let Some((pos, i)) = first {
             self.held.truncate(pos);
             self.stopped = Some(i);
-            return StopOutput {
-                text: std::mem::take(&mut self.held),
-                stopped: Some(i),
-            };
+            return StopOutput { text: std::mem::take(&mut self.held), stopped: Some(i) };
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let keep = self.partial_suffix_len();
         let cut = self.held.len() - keep;
         let rest = self.held.split_off(cut);
         let out = std::mem::replace(&mut self.held, rest);
-        StopOutput {
-            text: out,
-            stopped: None,
-        }
+        StopOutput { text: out, stopped: None }
     }
 
     /// End of the stream without a match: returns the held text.
@@ -256,13 +222,7 @@ mod tests {
         let mut m = StopMatcher::new(vec!["STOP".into()]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(m.push("hello ST").text, "hello ");
         let o = m.push("OP and more");
-        assert_eq!(
-            o,
-            StopOutput {
-                text: String::new(),
-                stopped: Some(0)
-            }
-        );
+        assert_eq!(o, StopOutput { text: String::new(), stopped: Some(0) });
         assert_eq!(m.push("x").text, "");
         assert!(StopMatcher::new(vec![String::new()]).is_err());
     }

@@ -36,7 +36,9 @@ use crate::plan::{SampledToken, StepOutput};
 use crate::policy::Policy;
 use crate::request::{Event, FinishReason, NewRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::slo::{ceiling, ceiling_fraction, weighted_ceiling, delivered_rate, mean_ci95, measurement_window, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
+use crate::slo::{
+    ceiling, ceiling_fraction, delivered_rate, mean_ci95, measurement_window, weighted_ceiling, Outcome, RequestRecord, SloClass, SloParams, WindowStats,
+};
 pub use preset::{preset, presets, Preset, PRESET_NAMES};
 pub use workload::{Arrivals, ClientModel, LengthSource, Lengths, PriorityMix, Sharing, SimRequest, Turn, WorkloadSpec};
 
@@ -67,15 +69,7 @@ pub struct SimConfig {
 impl SimConfig {
     /// The preset's configuration: the standard window (10% to 80%), no noise, the true prior.
     pub fn from_preset(p: &Preset) -> Self {
-        Self {
-            sched: p.config.clone(),
-            true_cost: p.true_cost,
-            noise: 0.0,
-            prior_error: 0.0,
-            seed: 0,
-            warmup_fraction: 0.1,
-            window_end_fraction: 0.8,
-        }
+        Self { sched: p.config.clone(), true_cost: p.true_cost, noise: 0.0, prior_error: 0.0, seed: 0, warmup_fraction: 0.1, window_end_fraction: 0.8 }
     }
 
     /// The preset as published comparisons run it (evaluation.md, point 5): 5% step noise and
@@ -202,8 +196,7 @@ impl SimResult {
         let stats = WindowStats::aggregate(&self.records[lo..hi], window_s, params);
         let served: usize = self.requests[lo..hi].iter().map(SimRequest::served_len).sum();
         let work_all: usize = self.work[lo..hi].iter().sum();
-        let work_left: usize =
-            (lo..hi).filter(|&i| self.records[i].outcome == Outcome::Abandoned).map(|i| self.work[i]).sum();
+        let work_left: usize = (lo..hi).filter(|&i| self.records[i].outcome == Outcome::Abandoned).map(|i| self.work[i]).sum();
         let per_s = |tokens: usize| if window_s > 0.0 { tokens as f64 / window_s } else { 0.0 };
         let mut priorities: Vec<i64> = self.requests[lo..hi].iter().map(|r| r.priority).collect();
         priorities.sort_unstable();
@@ -220,8 +213,7 @@ impl SimResult {
             priorities
                 .iter()
                 .map(|&p| {
-                    let recs: Vec<RequestRecord> =
-                        (lo..hi).filter(|&i| self.requests[i].priority == p).map(|i| self.records[i].clone()).collect();
+                    let recs: Vec<RequestRecord> = (lo..hi).filter(|&i| self.requests[i].priority == p).map(|i| self.records[i].clone()).collect();
                     (p, WindowStats::aggregate(&recs, window_s, params))
                 })
                 .collect()
@@ -729,11 +721,7 @@ pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> 
     // counted tokens over the window are no measure of the engine: with an unbounded queue they
     // arrive after it.
     let top = spec.loads.iter().filter_map(|l| if let Load::Rate(r) = l { Some(*r) } else { None }).fold(f64::NAN, f64::max);
-    let theta = points
-        .iter()
-        .filter(|p| matches!(p.load, Load::Rate(r) if r == top))
-        .map(|p| p.mean(|r| r.eval.delivered_tps))
-        .fold(sat.output_tps, f64::max);
+    let theta = points.iter().filter(|p| matches!(p.load, Load::Rate(r) if r == top)).map(|p| p.mean(|r| r.eval.delivered_tps)).fold(sat.output_tps, f64::max);
     for p in &mut points {
         p.theta = theta;
         for r in &mut p.runs {
@@ -887,7 +875,7 @@ mod tests {
     #[test]
     fn closed_loop_ceiling_arithmetic() {
         let params = SloParams::default(); // q = 5, alpha 2.5, linear
-        // 8 clients x 5 tok/s = 40 <= 80: everyone fed.
+                                           // 8 clients x 5 tok/s = 40 <= 80: everyone fed.
         assert_eq!(closed_loop_ceiling(8, 100.0, 80.0, &params), 100.0);
         // 32 clients: cycle 32 * 100 / 80 = 40 s, reading 20 s, wait 20 s: 100 - 50.
         assert!((closed_loop_ceiling(32, 100.0, 80.0, &params) - 50.0).abs() < 1e-9);

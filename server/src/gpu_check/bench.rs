@@ -164,12 +164,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     );
     for (seqs, ctx, what) in [(8, 4096, "8 decodes x 4k ctx (split-K)"), (1, 1024, "1 decode x 1k ctx (diagnostic: the batch-1 step's attention)")] {
         let (t, bytes, _) = attention_case(dev, seqs, ctx, 0)?;
-        report.row(
-            format!("paged attention, {what}"),
-            format!("{:.1} us, {:.0}% of copy", t * 1e6, bytes / t / copy_bw * 100.0),
-            "info",
-            Status::Info,
-        );
+        report.row(format!("paged attention, {what}"), format!("{:.1} us, {:.0}% of copy", t * 1e6, bytes / t / copy_bw * 100.0), "info", Status::Info);
     }
     let (t, _, flops) = attention_case(dev, 1, 4096, 2048)?;
     report.row(
@@ -187,8 +182,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     let max_b = batches.iter().copied().max().unwrap_or(1).max(8);
     let t0 = Instant::now();
     let source = ModelSource::parse(Some("dummy:llama-3-8b:bf16"))?;
-    let m = load(&source, &LoadOptions { max_model_len: Some(4096), ..LoadOptions::on(dev.clone()) })
-        .context("loading dummy:llama-3-8b:bf16")?;
+    let m = load(&source, &LoadOptions { max_model_len: Some(4096), ..LoadOptions::on(dev.clone()) }).context("loading dummy:llama-3-8b:bf16")?;
     let cfg = m.model.config().clone();
     let cache = KvCache::new(&cfg, max_b * per_seq + 1, bs, DType::BF16, dev)?;
     let mut runner = ModelRunner::new(m.model, cache);
@@ -201,11 +195,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     gemv_row(&mut report, dev, &cfg, weights / copy_bw, quick)?;
     let mut captures = Vec::new();
     for &b in batches {
-        let plan = BatchPlan {
-            step: 0,
-            seqs: (0..b).map(|i| seq(i as u64, 1, ctx - 1, 1 + (i * per_seq) as u32, per_seq)).collect(),
-            released: vec![],
-        };
+        let plan = BatchPlan { step: 0, seqs: (0..b).map(|i| seq(i as u64, 1, ctx - 1, 1 + (i * per_seq) as u32, per_seq)).collect(), released: vec![] };
         // The engine's whole step, judged by wall-clock: it ends when the tokens are on the host.
         let step = time_both(dev, warm, reps, || {
             runner.execute(&plan)?;
@@ -244,11 +234,7 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
     }
     // Prefill: 8 prompts of 1024 tokens in one step.
     let n = 8usize;
-    let plan = BatchPlan {
-        step: 0,
-        seqs: (0..n).map(|i| seq(i as u64, ctx, 0, 1 + (i * per_seq) as u32, per_seq)).collect(),
-        released: vec![],
-    };
+    let plan = BatchPlan { step: 0, seqs: (0..n).map(|i| seq(i as u64, ctx, 0, 1 + (i * per_seq) as u32, per_seq)).collect(), released: vec![] };
     let t = time(dev, 1, if quick { 2 } else { 4 }, || {
         runner.execute(&plan)?;
         Ok(())
@@ -359,7 +345,10 @@ fn launches_rows(
     let c = graph.counts();
     report.row(
         format!("{name}: kernel launches"),
-        format!("{} kernels; graph nodes also: {} allocs, {} frees, {} copies, {} memsets, {} other", c.kernels, c.allocs, c.frees, c.copies, c.memsets, c.other),
+        format!(
+            "{} kernels; graph nodes also: {} allocs, {} frees, {} copies, {} memsets, {} other",
+            c.kernels, c.allocs, c.frees, c.copies, c.memsets, c.other
+        ),
         "info",
         Status::Info,
     );

@@ -101,8 +101,7 @@ fn caches(case: &Case, dev: &Device) -> Result<(Tensor, Tensor)> {
     let nan = Tensor::full(f32::NAN, g.shape(), dev)?.to_dtype(case.spec.cache)?;
     let (kc, vc) = (nan.clone(), nan.copy()?);
     for (i, s) in case.seqs.iter().enumerate() {
-        let slots: Vec<u32> =
-            (0..s.ctx).map(|p| s.blocks[p / g.block_size] * g.block_size as u32 + (p % g.block_size) as u32).collect();
+        let slots: Vec<u32> = (0..s.ctx).map(|p| s.blocks[p / g.block_size] * g.block_size as u32 + (p % g.block_size) as u32).collect();
         let slots = Tensor::from_slice(&slots, s.ctx, dev)?;
         let k = Tensor::from_slice(&case.k[i], (s.ctx, g.kv_heads, g.head_dim), dev)?;
         let v = Tensor::from_slice(&case.v[i], (s.ctx, g.kv_heads, g.head_dim), dev)?;
@@ -140,15 +139,7 @@ fn queries(case: &Case, dev: &Device) -> Result<Tensor> {
 
 fn specs(quick: bool) -> Vec<Spec> {
     use Mix::*;
-    let s = |cache, q_cache_dtype, kv_heads, group, head_dim, block_size, mix| Spec {
-        cache,
-        q_cache_dtype,
-        kv_heads,
-        group,
-        head_dim,
-        block_size,
-        mix,
-    };
+    let s = |cache, q_cache_dtype, kv_heads, group, head_dim, block_size, mix| Spec { cache, q_cache_dtype, kv_heads, group, head_dim, block_size, mix };
     let mut v = vec![
         s(DType::BF16, true, 3, 3, 64, 16, Mixed),   // SmolLM2-135M, bf16 model
         s(DType::BF16, true, 8, 4, 128, 16, Mixed),  // Llama-3-8B, bf16 model
@@ -205,17 +196,12 @@ pub fn run(dev: &Device, quick: bool) -> Result<PartReport> {
         let scale = 1.0 / (spec.head_dim as f32).sqrt();
         // The CPU sees exactly the queries the GPU sees (rounded when they travel in 16 bits).
         let q_cpu = queries(&case, &Device::Cpu)?.to_dtype(DType::F32)?;
-        let want: Vec<f32> = pace_kernels::paged_attention(&q_cpu, &kc, &vc, &meta(&case, &Device::Cpu)?, scale)?
-            .flatten_all()?
-            .to_vec1()?;
+        let want: Vec<f32> = pace_kernels::paged_attention(&q_cpu, &kc, &vc, &meta(&case, &Device::Cpu)?, scale)?.flatten_all()?.to_vec1()?;
         let q_gpu = queries(&case, dev)?;
         let gmeta = meta(&case, dev)?;
         for (path, opts) in paths {
-            let got: Vec<f32> = paged_attention_with(&q_gpu, &gk, &gv, &gmeta, scale, opts)?
-                .to_dtype(DType::F32)?
-                .to_device(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1()?;
+            let got: Vec<f32> =
+                paged_attention_with(&q_gpu, &gk, &gv, &gmeta, scale, opts)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
             let (rel, abs) = max_errors(&got, &want);
             let (ok, value, target) = if spec.cache == DType::F32 && !spec.q_cache_dtype {
                 (rel <= 1e-4, format!("max rel err {rel:.2e}"), "1e-4 rel")
@@ -295,10 +281,7 @@ fn ptxas_rows(report: &mut PartReport) {
     }
     report.row(
         "ptxas record of the kernels (registers, spills)",
-        format!(
-            "{n} kernel builds; most registers {max_regs} ({max_at}); spills: {}",
-            if spills.is_empty() { "none".to_string() } else { spills.join(", ") }
-        ),
+        format!("{n} kernel builds; most registers {max_regs} ({max_at}); spills: {}", if spills.is_empty() { "none".to_string() } else { spills.join(", ") }),
         "info",
         Status::Info,
     );

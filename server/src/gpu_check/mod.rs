@@ -187,13 +187,7 @@ pub fn summary(dir: &Path, ab_dir: Option<&Path>) -> Result<String> {
             t.push_str(&format!("| {part} | {} | | | {} |\n", cell(&r.note), r.status.label()));
         }
         for row in &r.rows {
-            t.push_str(&format!(
-                "| {part} | {} | {} | {} | {} |\n",
-                cell(&row.check),
-                cell(&row.value),
-                cell(&row.target),
-                row.status.label()
-            ));
+            t.push_str(&format!("| {part} | {} | {} | {} | {} |\n", cell(&row.check), cell(&row.value), cell(&row.target), row.status.label()));
         }
     }
     if let Some(ab) = ab_dir {

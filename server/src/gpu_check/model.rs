@@ -74,11 +74,7 @@ fn plans() -> Vec<BatchPlan> {
         plan(vec![slice(1, 0, a, a + 1, ba, true), slice(2, 1, 16, b, bb, true), slice(3, 2, 0, c, bc, true)]),
     ];
     for k in 1..5 {
-        steps.push(plan(vec![
-            slice(1, 0, a + k, a + k + 1, ba, true),
-            slice(2, 1, b + k - 1, b + k, bb, true),
-            slice(3, 2, c + k - 1, c + k, bc, true),
-        ]));
+        steps.push(plan(vec![slice(1, 0, a + k, a + k + 1, ba, true), slice(2, 1, b + k - 1, b + k, bb, true), slice(3, 2, c + k - 1, c + k, bc, true)]));
     }
     steps
 }

@@ -259,10 +259,7 @@ fn describe() {
         "Requests that finished by stop, length or abort (vLLM's request_success_total: rejections and errors not counted)."
     );
     describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
-    describe_counter!(
-        "pace_http_requests_total",
-        "HTTP requests by route and status; 499: the client closed the connection before the response head."
-    );
+    describe_counter!("pace_http_requests_total", "HTTP requests by route and status; 499: the client closed the connection before the response head.");
     describe_counter!("pace_http_connections_refused_total", "Connections closed at accept because --max-connections were open.");
     describe_counter!("pace_num_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
     describe_counter!("pace_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (every admitted prompt's tokens).");

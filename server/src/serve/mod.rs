@@ -488,7 +488,13 @@ mod tests {
         assert!(Cli::try_parse_from(["serve", "--scheduling-policy", "priority"]).is_err());
         // vLLM's --dtype values and aliases, --tokenizer, --log-format.
         use crate::cli::ModelDtype;
-        for (v, want) in [("auto", ModelDtype::Auto), ("half", ModelDtype::Float16), ("float16", ModelDtype::Float16), ("bfloat16", ModelDtype::Bfloat16), ("float", ModelDtype::Float32)] {
+        for (v, want) in [
+            ("auto", ModelDtype::Auto),
+            ("half", ModelDtype::Float16),
+            ("float16", ModelDtype::Float16),
+            ("bfloat16", ModelDtype::Bfloat16),
+            ("float", ModelDtype::Float32),
+        ] {
             assert_eq!(Cli::try_parse_from(["serve", "--dtype", v]).unwrap().serve.engine.dtype, want, "{v}");
         }
         assert!(Cli::try_parse_from(["serve", "--dtype", "int3"]).is_err());

@@ -96,9 +96,21 @@ fn field_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
 /// Request fields vLLM's API takes that pace does not: a 400 that says so, rather than
 /// "unrecognized". (vLLM's fields pace implements are in `types.rs`.)
 pub const VLLM_ONLY: [&str; 15] = [
-    "use_beam_search", "length_penalty", "bad_words", "allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens",
-    "return_tokens_as_token_ids", "return_token_ids", "structural_tag", "documents", "mm_processor_kwargs", "logits_processors",
-    "request_id", "kv_transfer_params", "vllm_xargs",
+    "use_beam_search",
+    "length_penalty",
+    "bad_words",
+    "allowed_token_ids",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+    "return_tokens_as_token_ids",
+    "return_token_ids",
+    "structural_tag",
+    "documents",
+    "mm_processor_kwargs",
+    "logits_processors",
+    "request_id",
+    "kv_transfer_params",
+    "vllm_xargs",
 ];
 
 fn quoted_after<'a>(msg: &'a str, prefix: &str) -> Option<&'a str> {

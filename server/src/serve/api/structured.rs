@@ -29,7 +29,7 @@ use pace_models::constraint::{GrammarSpec, JsonWhitespace};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::types::{CommonParams, Tool, ToolCall, FunctionCall};
+use super::types::{CommonParams, FunctionCall, Tool, ToolCall};
 
 /// A request's grammar, with the parameter it came from (for error messages).
 #[derive(Debug, Clone)]
@@ -80,9 +80,10 @@ pub fn grammar_of(c: &CommonParams) -> Result<Option<GrammarRequest>, ApiError> 
                 Some(GrammarSpec::JsonObject)
             }
             "json_schema" => {
-                let js = rf.json_schema.as_ref().ok_or_else(|| {
-                    ApiError::param("response_format", "response_format of type 'json_schema' needs a 'json_schema' field")
-                })?;
+                let js = rf
+                    .json_schema
+                    .as_ref()
+                    .ok_or_else(|| ApiError::param("response_format", "response_format of type 'json_schema' needs a 'json_schema' field"))?;
                 // OpenAI allows a json_schema without `schema` (any JSON object).
                 Some(match &js.schema {
                     None => GrammarSpec::JsonObject,
@@ -276,16 +277,12 @@ pub fn template_tools(tools: &[Tool]) -> Value {
 /// A system-prompt paragraph offering the tools, for templates that do not render `tools`
 /// themselves (the model must see the tools to call them well).
 pub fn tools_system_text(tools: &[Tool]) -> String {
-    let mut s = String::from(
-        "You can call functions. Available functions, as JSON schemas:\n",
-    );
+    let mut s = String::from("You can call functions. Available functions, as JSON schemas:\n");
     for t in tools {
         s.push_str(&serde_json::to_string(&t.function).unwrap_or_default());
         s.push('\n');
     }
-    s.push_str(
-        "To call a function, reply with only <tool_call>{\"name\": <function name>, \"arguments\": <arguments object>}</tool_call>.",
-    );
+    s.push_str("To call a function, reply with only <tool_call>{\"name\": <function name>, \"arguments\": <arguments object>}</tool_call>.");
     s
 }
 
@@ -304,17 +301,12 @@ pub fn parse_calls(mode: &ToolMode, text: &str) -> Option<Vec<ToolCall>> {
     };
     match mode {
         ToolMode::None => None,
-        ToolMode::Named(name) => Some(vec![ToolCall {
-            id: call_id(),
-            kind: "function",
-            function: FunctionCall { name: name.clone(), arguments: text.to_string() },
-        }]),
+        ToolMode::Named(name) => {
+            Some(vec![ToolCall { id: call_id(), kind: "function", function: FunctionCall { name: name.clone(), arguments: text.to_string() } }])
+        }
         ToolMode::Required => {
             let list: Vec<Value> = serde_json::from_str(text).ok()?;
-            list.iter()
-                .map(|c| Some(call(c.get("name")?.as_str()?, c.get("parameters")?)))
-                .collect::<Option<Vec<_>>>()
-                .filter(|v| !v.is_empty())
+            list.iter().map(|c| Some(call(c.get("name")?.as_str()?, c.get("parameters")?))).collect::<Option<Vec<_>>>().filter(|v| !v.is_empty())
         }
         ToolMode::Auto { names } => {
             let known = |v: &Value| -> Option<ToolCall> {
@@ -612,7 +604,10 @@ mod tests {
 
     #[test]
     fn tool_choice_is_checked_like_vllm() {
-        let t = vec![tool("a", json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "integer"}}})), tool("b", json!({"type": "object"}))];
+        let t = vec![
+            tool("a", json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "integer"}}})),
+            tool("b", json!({"type": "object"})),
+        ];
         let err = |r: Result<(ToolMode, Option<GrammarRequest>), ApiError>| match r {
             Err(ApiError::Invalid { message, param, .. }) => (param.unwrap_or_default(), message),
             other => panic!("{other:?}"),

@@ -113,9 +113,7 @@ impl ValidRequest {
         let common = req.common();
         let (tool_mode, tool_grammar) = structured::tool_plan(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
         let grammar = match (structured::grammar_of(&common)?, tool_grammar) {
-            (Some(g), Some(_)) => {
-                return Err(ApiError::param(g.param, format!("{} cannot be combined with a tool_choice that forces a tool call", g.param)))
-            }
+            (Some(g), Some(_)) => return Err(ApiError::param(g.param, format!("{} cannot be combined with a tool_choice that forces a tool call", g.param))),
             (g, t) => g.or(t),
         };
         let want_logprobs = req.logprobs.unwrap_or(false);
@@ -162,7 +160,8 @@ fn compile_grammar(g: Option<GrammarRequest>, p: &GenParams, l: &Loaded) -> Resu
     if p.min_tokens > 0 {
         return Err(ApiError::param("min_tokens", format!("min_tokens cannot be combined with {}: the output ends where its grammar does", g.param)));
     }
-    let grammars = l.grammars.as_ref().ok_or_else(|| ApiError::param(g.param, "structured outputs are not available for this model (no end-of-generation token)"))?;
+    let grammars =
+        l.grammars.as_ref().ok_or_else(|| ApiError::param(g.param, "structured outputs are not available for this model (no end-of-generation token)"))?;
     let t = std::time::Instant::now();
     let c = grammars.compile(&g.spec, &g.layout).map_err(|e| ApiError::param(g.param, format!("Grammar error: {e}")))?;
     crate::serve::metrics::record_grammar_compile(g.spec.kind(), t.elapsed().as_secs_f64());
@@ -265,17 +264,14 @@ fn chat_messages(messages: &[MessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                     s
                 }
             };
-            let content = if m.role == "tool" {
-                format!("<tool_response>\n{content}\n</tool_response>")
-            } else {
-                content
-            };
+            let content = if m.role == "tool" { format!("<tool_response>\n{content}\n</tool_response>") } else { content };
             // Earlier tool calls of the assistant, written as it would have written them.
             let mut content = content;
             for (j, call) in m.tool_calls.iter().flatten().enumerate() {
-                let f = call.get("function").filter(|f| f.get("name").and_then(serde_json::Value::as_str).is_some()).ok_or_else(|| {
-                    ApiError::param(&format!("messages[{i}].tool_calls[{j}]"), "a tool call needs function.name")
-                })?;
+                let f = call
+                    .get("function")
+                    .filter(|f| f.get("name").and_then(serde_json::Value::as_str).is_some())
+                    .ok_or_else(|| ApiError::param(&format!("messages[{i}].tool_calls[{j}]"), "a tool call needs function.name"))?;
                 let args = match f.get("arguments") {
                     Some(serde_json::Value::String(a)) => serde_json::from_str(a).unwrap_or(serde_json::Value::String(a.clone())),
                     Some(v) => v.clone(),
@@ -338,12 +334,14 @@ pub fn chat_prompt_with(l: &Loaded, messages: &[MessageIn], opts: ChatOptions, t
     let kwargs = tool_kwargs.as_ref().or(opts.template_kwargs).unwrap_or(&empty);
     let mut text = l.template.render_with(&msgs, add, kwargs).map_err(|e| ApiError::param("messages", e.to_string()))?;
     if opts.continue_final_message {
-        let last = msgs.last().filter(|m| m.role == "assistant" && !m.content.is_empty()).ok_or_else(|| {
-            ApiError::param("continue_final_message", "continue_final_message needs a final assistant message with text to continue")
-        })?;
-        let end = text.rfind(&last.content).map(|i| i + last.content.len()).ok_or_else(|| {
-            ApiError::param("continue_final_message", "the chat template's rendering does not contain the final message's text")
-        })?;
+        let last = msgs
+            .last()
+            .filter(|m| m.role == "assistant" && !m.content.is_empty())
+            .ok_or_else(|| ApiError::param("continue_final_message", "continue_final_message needs a final assistant message with text to continue"))?;
+        let end = text
+            .rfind(&last.content)
+            .map(|i| i + last.content.len())
+            .ok_or_else(|| ApiError::param("continue_final_message", "the chat template's rendering does not contain the final message's text"))?;
         text.truncate(end);
     }
     let tokens = l.tokenizer.encode(&text, false).map_err(|e| ApiError::param("messages", e.to_string()))?;
