@@ -10,7 +10,7 @@
 //! - per-request bounds: output tokens over all choices, stop strings, prompt counts;
 //! - connection limits: silent and slow connections, slow bodies, the connection cap, SSE
 //!   keep-alive comments while a stream waits in the queue;
-//! - the request lifecycle under each policy, with smooth's 503 `predicted_late` and
+//! - the request lifecycle under each policy, with smooth's 429 `predicted_late` and
 //!   drop-late's error event.
 
 use std::net::SocketAddr;
@@ -405,7 +405,7 @@ async fn the_lifecycle_holds_under_every_policy() {
                 let (st, retry) = (r.status().as_u16(), r.headers().get("retry-after").and_then(|h| h.to_str().ok()).and_then(|h| h.parse::<u64>().ok()));
                 let ct = r.headers().get("content-type").and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
                 let v: Value = r.json().await.unwrap();
-                assert_eq!(st, 503, "smooth: {v}");
+                assert_eq!(st, 429, "smooth: {v}");
                 assert!(ct.starts_with("application/json"), "smooth: refused before any SSE byte ({ct})");
                 assert!(retry.is_some_and(|r| r >= 1), "smooth: Retry-After {retry:?}");
                 assert!(v["error"]["message"].as_str().unwrap().contains("predicted_late"), "{v}");

@@ -21,11 +21,11 @@
 //!    the soak waits until the server is idle.
 //!
 //! The checks:
-//! - **no 5xx**: no client got a 5xx other than a deliberate load shed (smooth's 503
-//!   `predicted_late` and drop-late's `dropped`, both with Retry-After, counted apart), no
+//! - **no 5xx**: no client got a 5xx other than drop-late's deliberate 503 `dropped` (smooth's
+//!   refusals, 429 `predicted_late`, are counted apart; both carry Retry-After), no
 //!   stream carried an error event other than drop-late's, and the server counted no 500;
 //! - **served**: every request whose client stayed ended properly (every choice finished, the
-//!   stream ended with `[DONE]`), or was refused with 429 / a deliberate 503;
+//!   stream ended with `[DONE]`), or was refused with 429 / drop-late's 503;
 //! - **accounted**: the server's `pace_http_requests_total` for the two generation routes grew
 //!   by exactly the number of requests sent (a client that left before the response head is
 //!   status 499); `pace_requests_total` (one per choice the engine took) grew by at least the
@@ -267,7 +267,7 @@ pub fn body(p: &Plan, model: &str, temperature: f64) -> Value {
 pub struct Ended {
     /// The response status, if a head was read.
     pub status: Option<u16>,
-    /// `completed`, `left`, `rejected` (429), `shed` (503 predicted_late), `dropped`
+    /// `completed`, `left`, `rejected` (429), `shed` (429 predicted_late), `dropped`
     /// (drop-late), `http_error`, `stream_error`, `incomplete`, `transport_error`, `timeout`.
     pub kind: &'static str,
     /// What went wrong, or where the client left.
@@ -319,9 +319,9 @@ fn error_kind(status: u16, body: &str) -> &'static str {
     let code = v.pointer("/error/code").and_then(|c| c.as_str()).unwrap_or("");
     let message = v.pointer("/error/message").and_then(|c| c.as_str()).unwrap_or("");
     match status {
+        429 if message.contains("predicted_late") => "shed",
         429 => "rejected",
         503 if code == "dropped" => "dropped",
-        503 if message.contains("predicted_late") => "shed",
         _ => "http_error",
     }
 }
@@ -892,7 +892,7 @@ mod tests {
     fn refusals_are_told_apart() {
         assert_eq!(error_kind(429, "{}"), "rejected");
         assert_eq!(
-            error_kind(503, r#"{"error":{"message":"request rejected at admission (predicted_late); retry after 1.0 s","code":"unavailable"}}"#),
+            error_kind(429, r#"{"error":{"message":"request rejected at admission (predicted_late); retry after 1.0 s","code":"unavailable"}}"#),
             "shed"
         );
         assert_eq!(error_kind(503, r#"{"error":{"message":"x","code":"dropped"}}"#), "dropped");

@@ -131,17 +131,16 @@ pub(super) fn judge(
     let deliberate = kind("shed") + kind("dropped");
     let shed_without_retry = requests.iter().filter(|r| matches!(r.ended.kind, "shed" | "rejected") && !r.ended.retry_after).count();
     // A client that left during admission may have seen a 503 head without its body: the
-    // server's counters judge those (every 503 it sent is one refusal predicted late or one
-    // drop-late drop).
+    // server's counters judge those (every 503 it sent is one drop-late drop).
     let client_5xx = requests.iter().filter(|r| r.ended.status.is_some_and(|s| s >= 500) && matches!(r.ended.kind, "http_error")).count();
     let server_other_5xx = server_delta.http.iter().filter(|(s, _)| s.starts_with('5') && s.as_str() != "503").map(|(_, v)| *v).fold(0.0, |x, y| x + y);
     let server_503 = server_delta.http.get("503").copied().unwrap_or(0.0);
-    let server_deliberate = server_delta.rejected.get("predicted_late").copied().unwrap_or(0.0) + server_delta.finished.get("dropped").copied().unwrap_or(0.0);
+    let server_deliberate = server_delta.finished.get("dropped").copied().unwrap_or(0.0);
     checks.push(check(
         "no 5xx",
         client_5xx == 0 && kind("stream_error") == 0 && server_other_5xx == 0.0 && server_503 <= server_deliberate && shed_without_retry == 0,
         format!(
-            "{client_5xx} unexpected 5xx seen by clients, {} error events in streams, {server_other_5xx} 5xx other than 503 counted by the server, {server_503} 503s counted for {server_deliberate} deliberate refusals (predicted_late) and drops; deliberate load shedding seen by clients: {deliberate} (503 predicted_late {}, drop-late {}); refusals without Retry-After {shed_without_retry}",
+            "{client_5xx} unexpected 5xx seen by clients, {} error events in streams, {server_other_5xx} 5xx other than 503 counted by the server, {server_503} 503s counted for {server_deliberate} drop-late drops; deliberate load shedding seen by clients: {deliberate} (429 predicted_late {}, drop-late {}); refusals without Retry-After {shed_without_retry}",
             kind("stream_error"),
             kind("shed"),
             kind("dropped")
@@ -152,7 +151,7 @@ pub(super) fn judge(
         "served",
         unserved == 0 && requests.len() == sent,
         format!(
-            "of {sent} sent, {} ended: {} completed, {} left, {} refused (429 {}, 503 {}); {} incomplete, {} transport errors, {} timeouts, {} other HTTP errors",
+            "of {sent} sent, {} ended: {} completed, {} left, {} refused (queue bounds {}, predicted late or dropped {}); {} incomplete, {} transport errors, {} timeouts, {} other HTTP errors",
             requests.len(),
             kind("completed"),
             kind("left"),

@@ -9,10 +9,11 @@
 //!
 //! 1. **Door** ([`Smooth::admit`]): refuse only (a) a request whose predicted benefit, queued,
 //!    is below zero where alone it would not be, or (b) under sustained open-loop overload
-//!    ([`Demand`]: the work offered by arrivals that do not answer the end of another request,
-//!    over the last `window_s`, exceeds what the batch can serve at its readers' rates), one
-//!    whose wait behind others costs more than `max_loss` of its expected value. A client that
-//!    comes straight back after a refusal frees nothing: its return is not refused. A burst that the window absorbs is not overload.
+//!    ([`Demand`]: over the last `window_s`, more than 1.1x as many arrivals of new demand, ones
+//!    that do not answer the end of another request, as requests that ended), one whose wait
+//!    behind others costs more than `max_loss` of its expected value. A client that comes
+//!    straight back after a refusal frees nothing: its return is not refused. A burst that the
+//!    window absorbs is not overload.
 //! 2. **Start** ([`Limits::admits`], the one start rule: the batch, the door's predicted start
 //!    and its reports use it): a waiting request joins the batch while every running reader
 //!    and it can be fed at their reading rates: `q_max * base + sum_i q_i * c_i <= 1 / r90`,

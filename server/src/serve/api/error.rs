@@ -125,16 +125,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A refusal at admission: 503 when smooth predicts the request would be served too late, 429
-/// when a queue bound is full (both with the predicted Retry-After); 400 when retrying cannot
-/// help.
+/// A refusal at admission: 429 with the predicted Retry-After when smooth predicts the request
+/// would be served too late or a queue bound is full (the reason is in the message); 400 when
+/// retrying cannot help.
 impl From<Rejection> for ApiError {
     fn from(r: Rejection) -> Self {
         let label = metrics::reject_label(r.reason);
         let message = format!("request rejected at admission ({label}); retry after {:.1} s", r.retry_after_s);
         match r.reason {
-            RejectReason::PredictedLate => Self::Unavailable { message, retry_after_s: r.retry_after_s },
-            RejectReason::QueueFull | RejectReason::QueueTokens => Self::Overloaded { message, retry_after_s: r.retry_after_s },
+            RejectReason::PredictedLate | RejectReason::QueueFull | RejectReason::QueueTokens => Self::Overloaded { message, retry_after_s: r.retry_after_s },
             RejectReason::TooLong | RejectReason::Invalid => Self::invalid(format!("request cannot be served ({label})"), None),
         }
     }
