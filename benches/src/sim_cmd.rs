@@ -14,7 +14,8 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
-    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Saturation, Sharing, SimConfig, SweepPoint, SweepSpec,
+    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Retries, Saturation, Sharing, SimConfig, SweepPoint,
+    SweepSpec,
 };
 use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience};
 use serde::Serialize;
@@ -69,9 +70,28 @@ pub struct SimArgs {
     /// What clients send as max_tokens: exact (the true length, an oracle), cap:N, scale:K.
     #[arg(long, default_value = "cap:1024")]
     pub max_tokens_rule: String,
-    /// Relative standard deviation of simulated step times (log-normal).
+    /// Each request declares a reading rate drawn uniformly from MIN,MAX tokens per second
+    /// (scheduled and scored at it); `none`: every request at the SLO's --reading-rate.
+    #[arg(long, default_value = "3,15")]
+    pub reading_rates: String,
+    /// Share of readers who stop partway through an answer (a "stop" button, not impatience):
+    /// each after a uniform share of the tokens it would be served.
+    #[arg(long, default_value_t = 0.1)]
+    pub stop_fraction: f64,
+    /// Retries after a refusal: none, or MAX:HONOUR (each request retries up to MAX times; a
+    /// share HONOUR of the clients waits the announced Retry-After, capped at 60 s, the rest
+    /// comes back at once).
+    #[arg(long, default_value = "2:0.5")]
+    pub retries: String,
+    /// Relative standard deviation of simulated step times (log-normal), where they come from
+    /// the preset's cost model.
     #[arg(long, default_value_t = 0.05)]
     pub noise: f64,
+    /// Where step times come from: `replay` draws measured engine steps of the preset's
+    /// committed trace (the CPU preset has one; a preset without one uses its model), `model`
+    /// the preset's linear cost model times --noise.
+    #[arg(long, default_value = "replay", value_parser = ["replay", "model"])]
+    pub step_times: String,
     /// The scheduler's cost prior is off by up to this factor per coefficient (seeded); it
     /// learns the truth online from the noisy steps.
     #[arg(long, default_value_t = 0.3)]
@@ -96,8 +116,9 @@ pub struct SimArgs {
     /// Draw (prompt, output) lengths from a ShareGPT-format JSON file (about 4 characters a token).
     #[arg(long, conflicts_with_all = ["input_len", "output_len"])]
     pub sharegpt: Option<PathBuf>,
-    /// Arrival process: poisson or gamma:CV.
-    #[arg(long, default_value = "poisson")]
+    /// Arrival process: poisson or gamma:CV (CV the gaps' coefficient of variation; above 1 is
+    /// burstier than Poisson).
+    #[arg(long, default_value = "gamma:1.5")]
     pub arrivals: String,
     /// Send a share of the requests at another vLLM `priority` (weight 2^-priority):
     /// FRACTION:PRIORITY, e.g. 0.2:-2. Per-priority results are reported beside the totals, and
@@ -156,6 +177,19 @@ fn parse_lengths(s: &str) -> Result<Lengths> {
             v => Lengths::Fixed(v),
         },
     })
+}
+
+fn parse_reading_rates(s: &str) -> Result<Option<(f64, f64)>> {
+    if s == "none" {
+        return Ok(None);
+    }
+    let bad = || anyhow::anyhow!("reading rates `{s}`: expected none or MIN,MAX tokens per second with 0 < MIN <= MAX");
+    let (lo, hi) = s.split_once(',').ok_or_else(bad)?;
+    let (lo, hi) = (lo.trim().parse::<f64>().map_err(|_| bad())?, hi.trim().parse::<f64>().map_err(|_| bad())?);
+    if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+        return Err(bad());
+    }
+    Ok(Some((lo, hi)))
 }
 
 fn parse_arrivals(s: &str) -> Result<Arrivals> {
@@ -278,8 +312,18 @@ pub struct SummaryLine {
     pub patience: String,
     /// Clients' max_tokens rule.
     pub max_tokens_rule: String,
-    /// Step-time noise.
+    /// Step-time noise (where step times come from the cost model).
     pub noise: f64,
+    /// `replay` (measured steps) or `model`.
+    pub step_times: String,
+    /// Clients' declared reading rates, `MIN,MAX` or `none`.
+    pub reading_rates: String,
+    /// Share of readers who stop partway.
+    pub stop_fraction: f64,
+    /// Retries after a refusal, `MAX:HONOUR` or `none`.
+    pub retries: String,
+    /// Arrival process.
+    pub arrivals: String,
     /// Prior error.
     pub prior_error: f64,
     /// The priority mix clients send (`FRACTION:PRIORITY`), when there is one.
@@ -383,6 +427,11 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
         patience: args.patience.clone(),
         max_tokens_rule: args.max_tokens_rule.clone(),
         noise: args.noise,
+        step_times: args.step_times.clone(),
+        reading_rates: args.reading_rates.clone(),
+        stop_fraction: args.stop_fraction,
+        retries: args.retries.clone(),
+        arrivals: args.arrivals.clone(),
         prior_error: args.prior_error,
         priority_mix: args.priority_mix.clone(),
         by_priority: by_priority(p),
@@ -447,6 +496,7 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     }
     let mut cfg = SimConfig::from_preset(&p);
     cfg.noise = args.noise;
+    cfg.replay = if args.step_times == "replay" { p.step_table().map(std::sync::Arc::new) } else { None };
     cfg.prior_error = args.prior_error;
     cfg.seed = seeds[0];
     cfg.warmup_fraction = args.warmup_fraction;
@@ -487,7 +537,17 @@ fn setup(args: &SimArgs) -> Result<Setup> {
         Some(m) => m.parse::<PriorityMix>().map_err(anyhow::Error::msg)?,
         None => PriorityMix::default(),
     };
-    let client = ClientModel { max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?, patience: args.patience.parse::<Patience>()?, priority_mix };
+    if !(0.0..=1.0).contains(&args.stop_fraction) {
+        bail!("--stop-fraction must be in [0, 1]");
+    }
+    let client = ClientModel {
+        max_tokens: args.max_tokens_rule.parse::<MaxTokensRule>()?,
+        patience: args.patience.parse::<Patience>()?,
+        priority_mix,
+        reading_rates: parse_reading_rates(&args.reading_rates)?,
+        stop_fraction: args.stop_fraction,
+        retries: args.retries.parse::<Retries>().map_err(anyhow::Error::msg)?,
+    };
     Ok(Setup { preset: p.name, cfg, workload, client, seeds })
 }
 
@@ -535,7 +595,7 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
     let slo = &cfg.sched.slo;
     format!(
         "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
-         mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {} | noise {}, prior error {} | \
+         mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {}, reading rates {}, stop fraction {}, retries {}, arrivals {} | step times {}, prior error {} | \
          q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{}{}{}",
         sat.rate,
         sat.output_tps,
@@ -546,7 +606,14 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         if workload.sharing.is_none() { "prompt" } else { "question" },
         args.max_tokens_rule,
         args.patience,
-        args.noise,
+        args.reading_rates,
+        args.stop_fraction,
+        args.retries,
+        args.arrivals,
+        match &cfg.replay {
+            Some(t) => format!("replayed from {} measured steps", t.len()),
+            None => format!("cost model with noise {}", args.noise),
+        },
         args.prior_error,
         args.slo.reading_rate,
         args.slo.ttft_grace,

@@ -3,6 +3,7 @@
 //!
 //! Every number a preset uses is in this file, next to where it came from.
 
+use super::replay::StepTable;
 use super::workload::{Arrivals, LengthSource, Lengths, Sharing, WorkloadSpec};
 use crate::cost::CostCoeffs;
 use crate::lengths::LengthPrior;
@@ -25,6 +26,16 @@ pub struct Preset {
     pub workload: WorkloadSpec,
     /// Default binary SLO, `--goodput` syntax.
     pub goodput: &'static str,
+    /// Measured engine steps to replay instead of `true_cost` ([`super::replay`]), where the
+    /// machine has a committed trace.
+    pub step_trace: Option<&'static str>,
+}
+
+impl Preset {
+    /// The replayed step times of the preset's trace, scaled within a bin by `true_cost`.
+    pub fn step_table(&self) -> Option<StepTable> {
+        self.step_trace.map(|t| StepTable::from_json(t, self.true_cost).expect("the committed step trace parses"))
+    }
 }
 
 /// Names of the presets.
@@ -76,6 +87,11 @@ pub const CPU_PER_ATTN_PAIR_S: f64 = 0.98e-6;
 /// KV cache blocks of 16 tokens, the null block included.
 pub const CPU_KV_BLOCKS: usize = 5_825;
 
+/// Engine steps measured by `pace serve --step-trace` on this machine under the AIPerf open-loop
+/// A/B (docs/bench/ab-aiperf-open-smooth3-cpu-smollm2; `benches/scripts/step_table.py` picked
+/// up to 16 steps per shape bin).
+const CPU_STEP_TRACE: &str = include_str!("../../data/steps-cpu-smollm2.json");
+
 /// The serving benchmark's prompt set, one JSON object per line.
 const CHAT_PROMPTS: &str = include_str!("../../../benches/data/chat-prompts.jsonl");
 
@@ -116,6 +132,7 @@ fn cpu_smollm2() -> Preset {
         },
         workload: WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(chat_prompt_lengths()), sharing: Sharing::default() },
         goodput: "ttft:5000 tpot:100",
+        step_trace: Some(CPU_STEP_TRACE),
     }
 }
 
@@ -184,6 +201,7 @@ fn h200_llama3_8b() -> Preset {
             sharing: Sharing::default(),
         },
         goodput: "ttft:500 tpot:50",
+        step_trace: None,
     }
 }
 

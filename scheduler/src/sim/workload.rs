@@ -92,7 +92,35 @@ pub struct SimRequest {
     /// The conversation this request is a turn of (its prompt re-sends the turns before it).
     #[serde(default)]
     pub turn: Option<Turn>,
+    /// The reading rate its client declares (tokens per second; `None`: the SLO's default),
+    /// scored and scheduled at that rate ([`ClientModel::reading_rates`]).
+    #[serde(default)]
+    pub reading_rate: Option<f64>,
+    /// The reader stops (aborts the stream) once it has read this many tokens, on time or not: a
+    /// "stop" button, not impatience ([`ClientModel::stop_fraction`]).
+    #[serde(default)]
+    pub stop_after: Option<usize>,
+    /// How often the client sends the request again after a refusal, and when
+    /// ([`ClientModel::retries`]).
+    #[serde(default)]
+    pub retry: Retry,
 }
+
+/// What a refused client does: send the same request again, up to `max` times, after the
+/// server's `Retry-After` or at once.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Retry {
+    /// Retries after the first refusal (0: a refusal is final).
+    pub max: u32,
+    /// Whether it waits the announced `Retry-After` (capped at [`MAX_RETRY_AFTER_S`], as the
+    /// official OpenAI client caps it) or comes back at once ([`IMMEDIATE_RETRY_S`]).
+    pub honours_retry_after: bool,
+}
+
+/// A client that ignores `Retry-After` comes back this long after its refusal (seconds).
+pub const IMMEDIATE_RETRY_S: f64 = 0.02;
+/// The longest `Retry-After` a client honours (seconds), as the OpenAI client's.
+pub const MAX_RETRY_AFTER_S: f64 = 60.0;
 
 /// One turn of a simulated conversation. Its prompt is the system prompt, then the
 /// conversation's token stream up to the end of its question: earlier questions and the answers
@@ -200,6 +228,55 @@ pub struct ClientModel {
     /// Which requests carry a priority other than 0.
     #[serde(default)]
     pub priority_mix: PriorityMix,
+    /// Each request's declared reading rate, uniform over `(min, max)` tokens per second
+    /// (`None`: every request at the SLO's default rate).
+    #[serde(default)]
+    pub reading_rates: Option<(f64, f64)>,
+    /// The share of readers who stop partway through an answer (on time, not out of patience):
+    /// each stops after a uniform share of the tokens it would be served.
+    #[serde(default)]
+    pub stop_fraction: f64,
+    /// Retries after a refusal: up to `max` each, and the share of clients that honour
+    /// `Retry-After` (the others come back at once).
+    #[serde(default)]
+    pub retries: Retries,
+}
+
+/// How refused clients retry: every client up to `max` times; a share `honour` of them waits
+/// the announced `Retry-After`, the rest comes back at once.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Retries {
+    /// Retries per request after its first refusal.
+    pub max: u32,
+    /// Share of clients that honour `Retry-After`, in `[0, 1]`.
+    pub honour: f64,
+}
+
+impl std::str::FromStr for Retries {
+    type Err = String;
+
+    /// `none`, or `MAX:HONOUR` (retries per request, share of clients that honour Retry-After).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "none" {
+            return Ok(Self::default());
+        }
+        let bad =
+            || format!("retries `{s}`: expected none or MAX:HONOUR, e.g. 2:0.5 (MAX retries per request, HONOUR in [0, 1] the share that waits Retry-After)");
+        let (m, h) = s.split_once(':').ok_or_else(bad)?;
+        let max = m.trim().parse::<u32>().ok().filter(|m| *m <= 100).ok_or_else(bad)?;
+        let honour = h.trim().parse::<f64>().ok().filter(|h| (0.0..=1.0).contains(h)).ok_or_else(bad)?;
+        Ok(Self { max, honour })
+    }
+}
+
+impl std::fmt::Display for Retries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.max == 0 {
+            write!(f, "none")
+        } else {
+            write!(f, "{}:{}", self.max, self.honour)
+        }
+    }
 }
 
 /// A share of the requests sent at one `priority` (the rest at 0), drawn per request from the
@@ -257,13 +334,28 @@ impl std::fmt::Display for PriorityMix {
 impl Default for ClientModel {
     /// The oracle of old runs: `max_tokens` is the true length and nobody leaves.
     fn default() -> Self {
-        Self { max_tokens: MaxTokensRule::Exact, patience: Patience::None, priority_mix: PriorityMix::default() }
+        Self {
+            max_tokens: MaxTokensRule::Exact,
+            patience: Patience::None,
+            priority_mix: PriorityMix::default(),
+            reading_rates: None,
+            stop_fraction: 0.0,
+            retries: Retries::default(),
+        }
     }
 }
 
 impl ClientModel {
-    /// Sets `max_tokens` (within `max_model_len`), a seeded patience and a seeded priority on
-    /// every request.
+    /// The realistic clients of published runs (issue 42): readers from 3 to 15 tokens a
+    /// second, one in ten stopping partway, up to two retries after a refusal (as the OpenAI
+    /// client's default), half of the clients waiting `Retry-After`.
+    pub fn realistic(max_tokens: MaxTokensRule, patience: Patience) -> Self {
+        Self { max_tokens, patience, reading_rates: Some((3.0, 15.0)), stop_fraction: 0.1, retries: Retries { max: 2, honour: 0.5 }, ..Self::default() }
+    }
+
+    /// Sets `max_tokens` (within `max_model_len`), a seeded patience, priority, reading rate,
+    /// stopping point and retry behaviour on every request (each from its own stream of the
+    /// seed, so turning one on leaves the others' draws as they were).
     ///
     /// Conversation turns (in arrival order) get their histories here, from the answers as
     /// `max_tokens` lets them be served; a history that leaves no room in the model for the
@@ -272,6 +364,9 @@ impl ClientModel {
     pub fn apply(&self, reqs: &mut [SimRequest], seed: u64, max_model_len: usize) {
         let patience = self.patience.draw(reqs.len(), seed);
         let priorities = self.priority_mix.draw(reqs.len(), seed);
+        let mut rate_rng = StdRng::seed_from_u64(seed ^ 0x4ead_0000_0000_0013);
+        let mut stop_rng = StdRng::seed_from_u64(seed ^ 0x5709_0000_0000_0017);
+        let mut retry_rng = StdRng::seed_from_u64(seed ^ 0x4e74_0000_0000_001d);
         // Per conversation: (stream length so far, restarts).
         let mut history: std::collections::HashMap<u64, (usize, u64)> = std::collections::HashMap::new();
         for ((r, p), priority) in reqs.iter_mut().zip(patience).zip(priorities) {
@@ -291,6 +386,10 @@ impl ClientModel {
             }
             r.patience = p;
             r.priority = priority;
+            let (u_rate, u_stop, u_at, u_honour): (f64, f64, f64, f64) = (rate_rng.random(), stop_rng.random(), stop_rng.random(), retry_rng.random());
+            r.reading_rate = self.reading_rates.map(|(lo, hi)| lo + (hi - lo).max(0.0) * u_rate);
+            r.stop_after = (u_stop < self.stop_fraction).then(|| ((r.served_len() as f64 * u_at).floor() as usize).max(1));
+            r.retry = Retry { max: self.retries.max, honours_retry_after: u_honour < self.retries.honour };
         }
     }
 }
@@ -335,6 +434,9 @@ impl WorkloadSpec {
             priority: 0,
             system,
             turn,
+            reading_rate: None,
+            stop_after: None,
+            retry: Retry::default(),
         };
         let turns = self.sharing.turns.max(1);
         if turns == 1 {
@@ -493,6 +595,32 @@ mod tests {
         assert!((m - 0.1).abs() < 0.02 && cv > 2.0, "mean {m} cv {cv}");
         let (_, cv) = cv_of(Arrivals::Poisson);
         assert!((cv - 1.0).abs() < 0.15);
+    }
+
+    /// Realistic clients: reading rates spread over their range, about the stop fraction
+    /// stopping partway (never past their answer), every client allowed the retries and about the
+    /// honouring share waiting Retry-After; turning them on changes no other draw.
+    #[test]
+    fn realistic_clients_draw_rates_stops_and_retries() {
+        let spec = WorkloadSpec { arrivals: Arrivals::Poisson, lengths: LengthSource::Pairs(vec![(40, 100), (40, 10)]), sharing: Sharing::default() };
+        let base = spec.generate(1.0, 4000, 3);
+        let (mut plain, mut real) = (base.clone(), base);
+        ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() }.apply(&mut plain, 3, 4096);
+        ClientModel::realistic(MaxTokensRule::Cap(1024), Patience::Exp(20.0)).apply(&mut real, 3, 4096);
+        assert!(plain.iter().zip(&real).all(|(a, b)| a.patience == b.patience && a.max_tokens == b.max_tokens && a.priority == b.priority));
+        assert!(plain.iter().all(|r| r.reading_rate.is_none() && r.stop_after.is_none() && r.retry == Retry::default()));
+        let rates: Vec<f64> = real.iter().map(|r| r.reading_rate.unwrap()).collect();
+        assert!(rates.iter().all(|q| (3.0..=15.0).contains(q)));
+        assert!(rates.iter().any(|&q| q < 4.0) && rates.iter().any(|&q| q > 14.0));
+        let stops = real.iter().filter(|r| r.stop_after.is_some()).count();
+        assert!((300..500).contains(&stops), "{stops} of 4000 stop");
+        assert!(real.iter().all(|r| r.stop_after.is_none_or(|k| k >= 1 && k <= r.served_len())));
+        assert!(real.iter().all(|r| r.retry.max == 2));
+        let honour = real.iter().filter(|r| r.retry.honours_retry_after).count();
+        assert!((1800..2200).contains(&honour), "{honour} of 4000 honour Retry-After");
+        assert_eq!("2:0.5".parse::<Retries>(), Ok(Retries { max: 2, honour: 0.5 }));
+        assert_eq!("none".parse::<Retries>(), Ok(Retries::default()));
+        assert!("2".parse::<Retries>().is_err() && "1:1.5".parse::<Retries>().is_err());
     }
 
     /// Every turn re-sends the one before it, prompt and answer (as served, up to the
