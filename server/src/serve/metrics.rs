@@ -105,6 +105,12 @@ pub fn record_connection_refused() {
     counter!("pace_http_connections_refused_total").increment(1);
 }
 
+/// A connection the server closed: `idle` (no request for its idle time) or `slots_full` (the
+/// one idle longest, to make room for a new connection).
+pub fn record_connection_closed(reason: &'static str) {
+    counter!("pace_http_connections_closed_total", "reason" => reason).increment(1);
+}
+
 /// Route patterns as exported (`handler` label values of `pace_http_requests_total`).
 pub const HTTP_HANDLERS: [&str; 8] = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/version"];
 
@@ -260,7 +266,14 @@ fn describe() {
     );
     describe_counter!("pace_requests_rejected_total", "Requests refused at admission, by reason.");
     describe_counter!("pace_http_requests_total", "HTTP requests by route and status; 499: the client closed the connection before the response head.");
-    describe_counter!("pace_http_connections_refused_total", "Connections closed at accept because --max-connections were open.");
+    describe_counter!(
+        "pace_http_connections_refused_total",
+        "Connections closed at accept because --max-connections were open, each with a request in flight, and the probe reserve was full."
+    );
+    describe_counter!(
+        "pace_http_connections_closed_total",
+        "Connections the server closed: idle (no request for --header-timeout) or slots_full (idle longest, to make room for a new one)."
+    );
     describe_counter!("pace_num_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
     describe_counter!("pace_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (every admitted prompt's tokens).");
     describe_counter!("pace_prefix_cache_hits_total", "Prompt tokens found in the prefix cache when their request started (not computed again).");

@@ -86,9 +86,12 @@ pub struct ServeArgs {
     /// Seconds a request has to send its body once the headers are in; then 408.
     #[arg(long, default_value_t = 30.0, value_parser = parse_positive, env = "PACE_BODY_TIMEOUT")]
     pub body_timeout: f64,
-    /// Most open connections; new ones beyond it are closed at once.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), env = "PACE_MAX_CONNECTIONS")]
-    pub max_connections: u32,
+    /// Most open connections (default: the open-file limit, raised at start-up to what the
+    /// system allows, less 272, between 64 and 65,536). When all are open, the one idle longest
+    /// is closed to make room; a new one is refused only while every connection has a request
+    /// in flight (16 more then answer /health, /metrics and /version only).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "PACE_MAX_CONNECTIONS")]
+    pub max_connections: Option<u32>,
     /// Seconds of silence after which a stream gets an SSE comment (`: keep-alive`), so proxies
     /// do not cut a stream whose request waits in the queue; 0 sends none.
     #[arg(long, default_value_t = 10.0, value_parser = parse_non_negative, env = "PACE_SSE_KEEPALIVE")]
@@ -284,7 +287,13 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
         let fatal = fatal.clone();
         Box::new(move |_msg| fatal.notify_one())
     };
-    let limits = listen::ConnLimits { header_timeout: Duration::from_secs_f64(args.header_timeout), max_connections: args.max_connections as usize };
+    let limits = listen::ConnLimits {
+        header_timeout: Duration::from_secs_f64(args.header_timeout),
+        max_connections: match args.max_connections {
+            Some(n) => n as usize,
+            None => listen::default_max_connections(),
+        },
+    };
     let loader_state = state.clone();
     std::thread::Builder::new().name("pace-loader".into()).spawn(move || {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(&args, &loader_state, slo, Some(on_fatal))));

@@ -175,6 +175,10 @@ fn schema_object(v: &Value, param: &str) -> Result<Value, ApiError> {
     }
 }
 
+/// The most tools a request may carry (OpenAI's own limit): each one is checked, shown to the
+/// model and, for a forced call, compiled into the grammar.
+pub const MAX_TOOLS: usize = 128;
+
 /// Tools and `tool_choice` checked (vLLM's messages): the reply's mode and, when the reply is
 /// forced to be a call, its grammar.
 pub fn tool_plan(tools: Option<&[Tool]>, choice: Option<&Value>, parallel: Option<bool>) -> Result<(ToolMode, Option<GrammarRequest>), ApiError> {
@@ -187,8 +191,12 @@ pub fn tool_plan(tools: Option<&[Tool]>, choice: Option<&Value>, parallel: Optio
             }
         }
         Some([]) => return Err(ApiError::param("tools", "`tools` must not be an empty array; leave it out when there are no tools")),
+        Some(t) if t.len() > MAX_TOOLS => {
+            return Err(ApiError::param("tools", format!("at most {MAX_TOOLS} tools are accepted ({} given)", t.len())));
+        }
         Some(t) => t,
     };
+    let mut names = std::collections::HashSet::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
         if t.kind != "function" {
             return Err(ApiError::param(&format!("tools[{i}].type"), format!("tool type '{}' is not supported (only 'function')", t.kind)));
@@ -197,7 +205,7 @@ pub fn tool_plan(tools: Option<&[Tool]>, choice: Option<&Value>, parallel: Optio
         if n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.') {
             return Err(ApiError::param(&format!("tools[{i}].function.name"), "a function name is 1 to 64 characters of a-z, A-Z, 0-9, '_', '-' and '.'"));
         }
-        if tools[..i].iter().any(|o| &o.function.name == n) {
+        if !names.insert(n.as_str()) {
             return Err(ApiError::param(&format!("tools[{i}].function.name"), format!("two tools are named '{n}'")));
         }
         if let Some(p) = &t.function.parameters {
@@ -629,5 +637,9 @@ mod tests {
         assert!(s["items"]["anyOf"][0]["properties"]["parameters"].get("$defs").is_none());
         let dup = vec![tool("a", json!({"type": "object"})), tool("a", json!({"type": "object"}))];
         assert!(err(tool_plan(Some(&dup), None, None)).1.contains("two tools"));
+        // A count limit, and a duplicate check that does not grow with the square of the count.
+        let many: Vec<Tool> = (0..=MAX_TOOLS).map(|i| tool(&format!("f{i}"), json!({"type": "object"}))).collect();
+        assert_eq!(err(tool_plan(Some(&many), None, None)), ("tools".to_string(), format!("at most {MAX_TOOLS} tools are accepted (129 given)")));
+        assert!(tool_plan(Some(&many[..MAX_TOOLS]), None, None).is_ok());
     }
 }
