@@ -483,7 +483,7 @@ fn setup(args: &SimArgs) -> Result<Setup> {
     if args.num_requests == 0 {
         bail!("--num-requests must be at least 1");
     }
-    if !(args.noise >= 0.0 && args.noise.is_finite()) || !(args.prior_error >= 0.0 && args.prior_error.is_finite()) {
+    if !(args.noise >= 0.0 && args.noise.is_finite() && args.prior_error >= 0.0 && args.prior_error.is_finite()) {
         bail!("--noise and --prior-error must be finite and >= 0");
     }
     check_window_fractions(args.warmup_fraction, args.window_end_fraction)?;
@@ -591,12 +591,16 @@ pub fn run(args: &SimArgs) -> Result<()> {
 }
 
 fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_scheduler::sim::WorkloadSpec, sat: Saturation, seeds: &[u64]) -> String {
+    let steps = match &cfg.replay {
+        Some(t) => format!("replayed from {} measured steps", t.len()),
+        None => format!("cost model with noise {}", args.noise),
+    };
     let (mean_in, mean_out) = workload.mean_lengths();
     let slo = &cfg.sched.slo;
     format!(
         "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
          mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {}, reading rates {}, stop fraction {}, retries {}, arrivals {} | step times {}, prior error {} | \
-         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{}{}{}",
+         q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{} | {} KV blocks of {} tokens{}",
         sat.rate,
         sat.output_tps,
         args.num_requests,
@@ -610,10 +614,7 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         args.stop_fraction,
         args.retries,
         args.arrivals,
-        match &cfg.replay {
-            Some(t) => format!("replayed from {} measured steps", t.len()),
-            None => format!("cost model with noise {}", args.noise),
-        },
+        steps,
         args.prior_error,
         args.slo.reading_rate,
         args.slo.ttft_grace,
@@ -621,7 +622,8 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         slo.penalty,
         slo.binary,
         args.priority_mix.as_ref().map_or(String::new(), |m| format!(" | priority mix {m}")),
-        format!(" | {} KV blocks of {} tokens", cfg.sched.num_kv_blocks, cfg.sched.block_size),
+        cfg.sched.num_kv_blocks,
+        cfg.sched.block_size,
         sharing(workload, cfg),
     )
 }

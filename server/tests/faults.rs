@@ -376,7 +376,7 @@ async fn an_idle_connection_flood_locks_nobody_out() {
             let mut opened = 0usize;
             while flooding.load(Ordering::Relaxed) {
                 let Ok(mut c) = TcpStream::connect(addr).await else { continue };
-                if opened % 3 == 0 {
+                if opened.is_multiple_of(3) {
                     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
                     hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
                     let _ = c.write_all(&hello).await;
