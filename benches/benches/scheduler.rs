@@ -22,9 +22,6 @@ fn loaded_with(policy: &str, waiting: u64) -> Scheduler {
     // A GPU's budgets and step costs (the H200 preset), with vLLM's classic 256 sequences.
     let base = preset("h200-llama3-8b").expect("preset").config;
     let cfg = SchedulerConfig { max_num_seqs: 256, max_queue_requests: 10_000, ..base };
-    // The queued requests tolerate a long wait (a batch class), so smooth's door admits them too
-    // and every policy sees the same 1,000 waiting.
-    let patient = SloClass::new(5.0, 1e6);
     let mut s = Scheduler::with_policy_name(cfg, policy).expect("policy");
     let mut now = 0.0;
     for id in 0..256u64 {
@@ -49,19 +46,25 @@ fn loaded_with(policy: &str, waiting: u64) -> Scheduler {
         s.update(&plan, &out, now);
     }
     for id in 256..256 + waiting {
-        let req = NewRequest {
-            id,
-            prompt: vec![7; 100 + (id as usize * 53) % 900],
-            max_tokens: 256,
-            min_tokens: 0,
-            stop_token_ids: vec![],
-            arrival: now,
-            class: Some(patient),
-            cache_salt: None,
-        };
+        let req = queued(id, now);
         s.add(req, now).expect("admitted");
     }
     s
+}
+
+/// A request that joins the queue: the queued requests tolerate a long wait (a batch class), so
+/// smooth's door admits them too and every policy sees the same queue.
+fn queued(id: u64, now: f64) -> NewRequest {
+    NewRequest {
+        id,
+        prompt: vec![7; 100 + (id as usize * 53) % 900],
+        max_tokens: 256,
+        min_tokens: 0,
+        stop_token_ids: vec![],
+        arrival: now,
+        class: Some(SloClass::new(5.0, 1e6)),
+        cache_salt: None,
+    }
 }
 
 fn token(id: u64) -> SampledToken {
@@ -101,7 +104,6 @@ fn bench(c: &mut Criterion) {
 }
 
 fn bench_admission(c: &mut Criterion) {
-    let patient = SloClass::new(5.0, 1e6);
     for waiting in [250u64, 1000, 4000] {
         let mut s = loaded_with("smooth", waiting);
         let mut id = 1_000_000u64;
@@ -110,16 +112,7 @@ fn bench_admission(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     id += 1;
-                    let req = NewRequest {
-                        id,
-                        prompt: vec![7; 100 + (id as usize * 53) % 900],
-                        max_tokens: 256,
-                        min_tokens: 0,
-                        stop_token_ids: vec![],
-                        arrival: 100.0,
-                        class: Some(patient),
-                        cache_salt: None,
-                    };
+                    let req = queued(id, 100.0);
                     let t0 = Instant::now();
                     let admitted = black_box(s.add(req, 100.0)).is_ok();
                     total += t0.elapsed();

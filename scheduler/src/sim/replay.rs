@@ -39,10 +39,9 @@ fn index(k: [usize; 3]) -> usize {
     (k[0] * DECODE_BINS + k[1]) * KV_BINS + k[2]
 }
 
+/// The file's `steps` (its `source` line is for people).
 #[derive(Deserialize)]
 struct TraceFile {
-    #[allow(dead_code)]
-    source: String,
     steps: Vec<(usize, usize, usize, f64, f64)>,
 }
 
