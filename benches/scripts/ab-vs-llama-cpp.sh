@@ -23,7 +23,7 @@
 #   SPAN (280 s), ARRIVAL_SPAN (twice SPAN), PATIENCE (exp:20), THREADS (2),
 #   LLAMA_DIR (/tmp/llama-cpp, built by tools/build-llama-cpp.sh), PACE
 #   (target/release/pace), POLICIES (smooth,fcfs,drop-late), ABLATIONS (smooth:door=0,
-#   smooth:feed=0,smooth:chunk=0,smooth:order=0; empty to skip), SEED (42), RESUME (set to 1 to keep every point
+#   smooth:start=0,smooth:chunk=0,smooth:order=0; empty to skip), SEED (42), RESUME (set to 1 to keep every point
 #   already in RESULT_DIR and run only the missing ones: `pace bench ab --resume`).
 # About 100 minutes on this project's 2-core machine, which should be otherwise quiet.
 # llama-server stays up, idle, while pace runs (pace bench ab runs URL targets first); it is
@@ -38,7 +38,7 @@ ARRIVAL_SPAN=${ARRIVAL_SPAN:-$((2 * SPAN))}
 PATIENCE=${PATIENCE:-exp:20}
 THREADS=${THREADS:-2}
 POLICIES=${POLICIES:-smooth,fcfs,drop-late}
-ABLATIONS=${ABLATIONS-smooth:door=0,smooth:feed=0,smooth:chunk=0,smooth:order=0}
+ABLATIONS=${ABLATIONS-smooth:door=0,smooth:start=0,smooth:chunk=0,smooth:order=0}
 SEED=${SEED:-42}
 LLAMA_DIR=${LLAMA_DIR:-/tmp/llama-cpp}
 PACE=${PACE:-target/release/pace}

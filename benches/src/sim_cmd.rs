@@ -30,7 +30,7 @@ pub struct SimArgs {
     #[arg(long, default_value = "h200-llama3-8b", value_parser = preset_parser())]
     pub preset: String,
     /// Policies to compare, comma separated: smooth, fcfs, drop-late, and
-    /// `smooth:KEY=VALUE[:KEY=VALUE...]`, smooth with some of its configuration set (door, feed,
+    /// `smooth:KEY=VALUE[:KEY=VALUE...]`, smooth with some of its configuration set (door, start,
     /// chunk and order: 0 switches the rule off, for an ablation; max_loss; window_s;
     /// docs/scheduler.md).
     #[arg(long, value_delimiter = ',', default_value = "smooth,fcfs,drop-late", value_parser = pace_scheduler::policy::parse_name)]

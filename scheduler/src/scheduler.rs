@@ -284,8 +284,9 @@ pub struct Scheduler {
     cost: StepCostModel,
     lengths: LengthModel,
     patience: PatienceModel,
-    /// Engine time of the latest end of a request (finished for any reason, or refused).
-    last_end: f64,
+    /// Engine times of the latest ends of requests (finished for any reason, or refused), in
+    /// the order they were registered; between `RECENT_ENDS` and twice that many.
+    end_times: Vec<f64>,
     /// Requests ended so far (finished for any reason, or refused).
     ends: u64,
     /// Requests that ran to their end (stop or length) so far.
@@ -322,6 +323,9 @@ pub struct Scheduler {
 
 /// Undrained length errors kept at most (a caller that never drains loses the rest).
 const MAX_LENGTH_ERRORS: usize = 4096;
+/// Recent end times kept for the policy at least (more ends than this between two arrivals
+/// are counted, not timed).
+const RECENT_ENDS: usize = 1024;
 
 impl Scheduler {
     /// A scheduler with `policy`.
@@ -335,7 +339,7 @@ impl Scheduler {
         Self {
             cost: StepCostModel::new(cfg.cost_prior),
             patience: PatienceModel::default(),
-            last_end: f64::NEG_INFINITY,
+            end_times: Vec::new(),
             ends: 0,
             completed: 0,
             lengths: LengthModel::new(cfg.lengths),
@@ -408,14 +412,22 @@ impl Scheduler {
         !self.index.is_empty() || !self.pending.is_empty()
     }
 
+    /// A request ended (finished for any reason, or refused) at `now`.
+    fn note_end(&mut self, now: f64) {
+        if self.end_times.len() >= 2 * RECENT_ENDS {
+            self.end_times.drain(..RECENT_ENDS);
+        }
+        self.end_times.push(now);
+        self.ends += 1;
+    }
+
     /// Admit `req` into the waiting queue, or refuse it.
     pub fn add(&mut self, req: NewRequest, now: f64) -> Result<(), Rejection> {
         self.last_now = self.last_now.max(now);
         let result = self.check(&req, now);
         if let Err(rej) = result {
             self.rejected.bump(rej.reason);
-            self.last_end = self.last_end.max(now);
-            self.ends += 1;
+            self.note_end(now);
             return Err(rej);
         }
         let max_output = req.max_tokens.min(self.max_len - req.prompt.len());
@@ -609,7 +621,7 @@ impl Scheduler {
             cost: &self.cost,
             lengths: &self.lengths,
             patience: &self.patience,
-            last_end: self.last_end,
+            recent_ends: &self.end_times,
             ends: self.ends,
             completed: self.completed,
             slo: &self.cfg.slo,
@@ -845,8 +857,7 @@ impl Scheduler {
             }
         }
         self.finished.bump(reason);
-        self.last_end = self.last_end.max(now);
-        self.ends += 1;
+        self.note_end(now);
         self.completed += u64::from(matches!(reason, FinishReason::Stop | FinishReason::Length));
         // What the request says about output lengths: a stop is an observed length; a cut
         // (length limit, client gone, drop) only bounds it from below.

@@ -133,7 +133,7 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
     let client = ClientModel { max_tokens: MaxTokensRule::Cap(1024), patience: Patience::Exp(20.0), ..ClientModel::default() };
     let sat = saturation(&cfg, &p.workload, &client, 0, 1);
     let spec = SweepSpec {
-        policies: &["smooth", "fcfs", "drop-late", "smooth:door=0", "smooth:feed=0", "smooth:order=0"],
+        policies: &["smooth", "fcfs", "drop-late", "smooth:door=0", "smooth:start=0", "smooth:order=0"],
         loads: &[Load::Rate(1.5 * sat.rate)],
         num_requests: 2000,
         seeds: &[1, 2],

@@ -102,11 +102,11 @@ pub struct PolicyContext<'a> {
     pub lengths: &'a LengthModel,
     /// Client patience learned from the clients that left.
     pub patience: &'a PatienceModel,
-    /// Engine time of the latest end of a request: finished for any reason, or refused at the
-    /// door (`-inf` before the first). A closed loop of clients sends its next request right
-    /// after one ends.
-    pub last_end: f64,
-    /// Requests ended so far (the count behind [`Self::last_end`]).
+    /// Engine times of the latest ends of requests, in the order they were registered: finished
+    /// for any reason, or refused at the door. A closed loop of clients sends its next request
+    /// right after one ends.
+    pub recent_ends: &'a [f64],
+    /// Requests ended so far (the last of them timed in [`Self::recent_ends`]).
     pub ends: u64,
     /// Requests that ran to their end (stop or length) so far.
     pub completed: u64,
@@ -201,7 +201,7 @@ pub const ALL_POLICY_NAMES: [&str; 3] = ["smooth", "fcfs", "drop-late"];
 
 /// smooth's configuration keys (`smooth:KEY=VALUE:...`, see [`by_name`]): its four rules, each
 /// switched off by 0 for an ablation, and the door's two quantities.
-pub const SMOOTH_KEYS: [&str; 6] = ["door", "feed", "chunk", "order", "max_loss", "window_s"];
+pub const SMOOTH_KEYS: [&str; 6] = ["door", "start", "chunk", "order", "max_loss", "window_s"];
 
 /// smooth with some of its configuration set: `KEY=VALUE` pairs separated by `:` (keys in
 /// [`SMOOTH_KEYS`]; the rules 0 or 1, `max_loss` in `[0, 1]`, `window_s` positive). `None` if
@@ -214,7 +214,7 @@ pub fn smooth_variant(spec: &str) -> Option<SmoothConfig> {
         let flag = || (v == 0.0 || v == 1.0).then_some(v == 1.0);
         match k.trim() {
             "door" => c.door = flag()?,
-            "feed" => c.feed = flag()?,
+            "start" => c.start = flag()?,
             "chunk" => c.chunk = flag()?,
             "order" => c.order = flag()?,
             "max_loss" if v <= 1.0 => c.max_loss = v,
@@ -260,7 +260,7 @@ mod tests {
     fn smooth_variants_set_constants_and_nothing_else_parses() {
         let c = smooth_variant("max_loss=0.05:door=0").unwrap();
         assert_eq!((c.max_loss, c.door), (0.05, false));
-        assert_eq!((c.feed, c.chunk, c.order, c.window_s), (true, true, true, SmoothConfig::default().window_s));
+        assert_eq!((c.start, c.chunk, c.order, c.window_s), (true, true, true, SmoothConfig::default().window_s));
         assert!(by_name("smooth:window_s=5").is_some());
         for bad in ["smooth:", "smooth:max_loss=1.5", "smooth:door=0.5", "smooth:window_s=0", "smooth:nope=1", "smooth:max_loss=nan", "fcfs:x=1"] {
             assert!(by_name(bad).is_none(), "{bad}");

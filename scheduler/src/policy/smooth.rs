@@ -7,20 +7,26 @@
 //! *slack* `d_{n+1} + L - now` (`L` its idle latency so far: lateness up to it costs nothing
 //! more) and can sit out steps. The rules:
 //!
-//! 1. **Door** ([`Smooth::admit`]): refuse only (a) a request whose predicted benefit, queued,
-//!    is below zero where alone it would not be, or (b) under sustained open-loop overload
-//!    ([`Demand`]: over the last `window_s`, more than 1.1x as many arrivals of new demand, ones
-//!    that do not answer the end of another request, as requests that ended), one whose wait
-//!    behind others costs more than `max_loss` of its expected value. A client that comes
-//!    straight back after a refusal frees nothing: its return is not refused. A burst that the
-//!    window absorbs is not overload.
+//! 1. **Door** ([`Smooth::admit`]): it predicts a newcomer's idle latency: its first token (its
+//!    start by rule 2 and the prefill ahead of it) plus the lateness of a batch that cannot
+//!    feed its readers, `(n / q) * (u - 1)^+` for `n` expected tokens read at `q` tok/s, where
+//!    `u = r50 * (q_max * base + sum_i q_i * c_i)` is the share of the machine's time the
+//!    batch needs to feed every reader at its rate (`c_i` a stream's machine seconds per output
+//!    token: its decode, its KV reads, and the prefill its replacement will need per token;
+//!    `r50` the median of measured over predicted step times). It refuses only (a) a request
+//!    whose predicted benefit is below zero where alone it would not be, or (b) under
+//!    sustained open-loop overload ([`Demand`]: over the last `window_s`, more than 1.1x as
+//!    many arrivals of new demand, ones that do not answer the end of another request, as
+//!    requests that ended), one whose predicted idle beyond what it would lose alone costs more
+//!    than `max_loss` of its expected value. A client that comes straight back after a refusal
+//!    frees nothing: its return is not refused. A burst that the window absorbs is not overload.
 //! 2. **Start** ([`Limits::admits`], the one start rule: the batch, the door's predicted start
-//!    and its reports use it): a waiting request joins the batch while every running reader
-//!    and it can be fed at their reading rates: `q_max * base + sum_i q_i * c_i <= 1 / r90`,
-//!    `c_i` a stream's machine seconds per output token (its decode, its KV reads, and the
-//!    prefill its replacement will need per output token), `r90` the 90th percentile of
-//!    measured over predicted step times; and while their expected KV blocks and their count
-//!    fit. An idle batch always takes one.
+//!    and its reports use it): a waiting request joins the batch while the running streams and
+//!    it hold no more KV blocks at their expected ends than the pool has, and fit its places.
+//!    An idle batch always takes one. It does not hold a request back to keep the batch
+//!    fed: under the linear penalty a queued request loses a second for each second it waits,
+//!    which is what its start spreads over the readers it slows, and the bigger batch delivers
+//!    more tokens; keeping the batch feedable is the door's job.
 //! 3. **Chunk**: a stream is due when its slack is under three full steps; due decodes go
 //!    first and the step's time is capped at the shallowest due slack (never below a quarter
 //!    of the token budget's prefill), so the prefill chunk is as large as that buffer allows.
@@ -43,8 +49,9 @@ const HORIZON_STEPS: f64 = 3.0;
 const STARVATION_S: f64 = 2.0;
 /// The smallest prefill chunk while a stream is due, as a fraction of the token budget.
 const MIN_CHUNK_FRACTION: f64 = 0.25;
-/// The start rule keeps this quantile of steps within the machine's time.
-const FEED_QUANTILE: f64 = 0.9;
+/// The door predicts a batch's time with this quantile of measured over predicted steps (the
+/// readers' buffers absorb the scatter around it).
+const STEP_QUANTILE: f64 = 0.5;
 /// An arrival this soon (seconds) after a refusal is taken as its client answering it.
 const RETURN_S: f64 = 0.1;
 /// New demand over completions, over the door's window, that is taken for sustained overload
@@ -59,8 +66,9 @@ const MAX_QUEUE_SIMULATED: usize = 4096;
 pub struct SmoothConfig {
     /// Rule 1, the door (key `door`); off admits everything the mechanism's caps allow.
     pub door: bool,
-    /// Rule 2, the start rule (key `feed`); off starts whatever fits the batch's places.
-    pub feed: bool,
+    /// Rule 2, the start rule's memory bound (key `start`); off starts whatever fits the batch's
+    /// places.
+    pub start: bool,
     /// Rule 3, chunks sized by the shallowest buffer (key `chunk`); off fills the token budget.
     pub chunk: bool,
     /// Rule 4, the order (key `order`); off keeps queue order.
@@ -75,7 +83,7 @@ pub struct SmoothConfig {
 
 impl Default for SmoothConfig {
     fn default() -> Self {
-        Self { door: true, feed: true, chunk: true, order: true, max_loss: 0.02, window_s: 60.0 }
+        Self { door: true, start: true, chunk: true, order: true, max_loss: 0.02, window_s: 60.0 }
     }
 }
 
@@ -92,6 +100,9 @@ pub struct Smooth {
     /// The door's prediction: (end, share of the machine, KV blocks, count) of the streams in
     /// the batch.
     finishes: Vec<(f64, f64, f64, f64)>,
+    /// The door's prediction: the machine's share the batch needs when the newcomer starts, with
+    /// it and alone.
+    util: (f64, f64),
     demand: Demand,
     stats: DoorStats,
 }
@@ -116,8 +127,10 @@ struct Demand {
     arrivals: VecDeque<f64>,
     /// (time, requests completed) at each arrival in the window and the last one before it.
     ends: VecDeque<(f64, u64)>,
-    /// Ends already answered by an arrival (a count: several can end at one instant).
-    answered: u64,
+    /// Requests ended so far that this has seen.
+    seen: u64,
+    /// Times of the ends no arrival has answered yet, the last `RETURN_S` or so.
+    unanswered: VecDeque<f64>,
     /// Refusals not yet answered by an arrival.
     refusals: VecDeque<f64>,
     /// The first arrival seen.
@@ -126,21 +139,27 @@ struct Demand {
 
 impl Demand {
     /// An arrival at `at`; `ends` requests have ended so far (for any reason, refusals too),
-    /// the latest at `last_end`, and `completed` ran to their end. Returns (whether it answers
-    /// an end, whether it answers a refusal).
-    fn arrival(&mut self, at: f64, window_s: f64, (last_end, ends): (f64, u64), completed: u64) -> (bool, bool) {
+    /// the latest of them at `recent` (in the order they were registered), and `completed` ran
+    /// to their end. Returns (whether it answers an end, whether it answers a refusal).
+    fn arrival(&mut self, at: f64, window_s: f64, (recent, ends): (&[f64], u64), completed: u64) -> (bool, bool) {
         self.first.get_or_insert(at);
-        // (An end stamped a moment after the arrival counts too: the simulator and the engine
-        // may register a client's leaving after its next request is stamped.)
-        let follows = ends > self.answered && (at - last_end).abs() <= RETURN_S;
-        if follows {
-            self.answered += 1;
-        } else {
-            if last_end <= at {
-                // Ends this arrival came too late for went unanswered.
-                self.answered = ends;
+        // The ends registered since the last arrival, as far as they are timed.
+        let new = (ends.saturating_sub(self.seen) as usize).min(recent.len());
+        self.seen = ends;
+        self.unanswered.extend(&recent[recent.len() - new..]);
+        // An end can answer an arrival up to `RETURN_S` before or after it (the simulator and
+        // the engine may register a client's leaving after its next request is stamped).
+        self.unanswered.retain(|&t| t >= at - RETURN_S);
+        while self.unanswered.len() > MAX_QUEUE_SIMULATED {
+            self.unanswered.pop_front();
+        }
+        let close = self.unanswered.iter().position(|&t| t <= at + RETURN_S);
+        let follows = close.is_some();
+        match close {
+            Some(i) => {
+                self.unanswered.remove(i);
             }
-            self.arrivals.push_back(at);
+            None => self.arrivals.push_back(at),
         }
         self.ends.push_back((at, completed));
         while self.arrivals.front().is_some_and(|&t| t < at - window_s) {
@@ -286,31 +305,30 @@ impl Feed {
     }
 }
 
-/// The start rule's bounds: the machine's time, its KV memory and the batch's places.
+/// The start rule's bounds: the KV memory and the batch's places.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
-    base: f64,
-    time: f64,
     kv: f64,
     seqs: f64,
 }
 
 impl Limits {
-    fn new(ctx: &PolicyContext<'_>, c: &CostCoeffs, feed: bool) -> Self {
-        let (time, kv) = if feed { (Self::share(ctx), ctx.total_blocks.saturating_sub(1) as f64) } else { (f64::INFINITY, f64::INFINITY) };
-        Limits { base: c.base_s, time, kv, seqs: ctx.max_num_seqs as f64 }
-    }
-
-    /// The share of the machine's time the streams may take: `1 / r90`.
-    fn share(ctx: &PolicyContext<'_>) -> f64 {
-        1.0 / ctx.cost.ratio_quantile(FEED_QUANTILE).max(1.0)
+    fn new(ctx: &PolicyContext<'_>, start: bool) -> Self {
+        let kv = if start { ctx.total_blocks.saturating_sub(1) as f64 } else { f64::INFINITY };
+        Limits { kv, seqs: ctx.max_num_seqs as f64 }
     }
 
     /// The start rule: may `add` join the batch `feed`?
     fn admits(&self, feed: &Feed, add: &Feed) -> bool {
         let with = feed.plus(add);
-        with.count <= self.seqs + 1e-9 && (feed.count < 1e-9 || (with.q_max * self.base + with.load <= self.time && with.kv <= self.kv))
+        with.count <= self.seqs + 1e-9 && (feed.count < 1e-9 || with.kv <= self.kv)
     }
+}
+
+/// The share of the machine's time `feed` needs to give every reader its rate (above 1 the
+/// readers fall behind by `u - 1` seconds a second of reading).
+fn utilization(ctx: &PolicyContext<'_>, c: &CostCoeffs, feed: &Feed) -> f64 {
+    (feed.q_max * c.base_s + feed.load) * ctx.cost.ratio_quantile(STEP_QUANTILE)
 }
 
 impl Smooth {
@@ -323,12 +341,13 @@ impl Smooth {
     /// rule: running streams end after their expected remaining output at their readers' pace
     /// and free their share; each waiting request starts, in queue order, as soon as it fits,
     /// then runs for its own expected output, counted with the chance that its client is still
-    /// there then. `now` when it fits at once.
+    /// there then. `now` when it fits at once. Sets `util` to the batch's utilization then,
+    /// with it and alone.
     fn predicted_start(&mut self, req: &SeqView, rem: f64, ctx: &PolicyContext<'_>, c: &CostCoeffs, kappa: f64) -> f64 {
         if ctx.waiting.len() > MAX_QUEUE_SIMULATED {
             return f64::INFINITY;
         }
-        let limits = Limits::new(ctx, c, self.cfg.feed);
+        let limits = Limits::new(ctx, self.cfg.start);
         let now = ctx.now;
         self.finishes.clear();
         let mut feed = Feed::default();
@@ -348,6 +367,9 @@ impl Smooth {
                 let Some((end, load, kv, count)) = self.finishes.pop() else { break };
                 t = t.max(end);
                 feed = feed.minus(&Feed { q_max: 0.0, load, count, kv });
+            }
+            if !queued {
+                self.util = (utilization(ctx, c, &feed.plus(&add)), utilization(ctx, c, &add));
             }
             if queued {
                 // It holds its place only if its client is still there when it starts (the
@@ -389,7 +411,7 @@ impl Policy for Smooth {
         let n = rem.max(1.0);
 
         // The demand: is the overload sustained, with clients that go away when refused?
-        let (follows, answers) = self.demand.arrival(req.arrival, self.cfg.window_s, (ctx.last_end, ctx.ends), ctx.completed);
+        let (follows, answers) = self.demand.arrival(req.arrival, self.cfg.window_s, (ctx.recent_ends, ctx.ends), ctx.completed);
         let overloaded = self.demand.overloaded(now, self.cfg.window_s);
         self.stats.overloaded = overloaded;
         self.stats.arrivals += 1;
@@ -420,15 +442,17 @@ impl Policy for Smooth {
         let start = self.predicted_start(req, rem, ctx, &c, kappa);
         let wait = (ahead as f64 * t_full / chunk as f64 + own).max(start - now + own);
         let deadline = req.next_deadline();
-        let idle = (now + wait - deadline).max(0.0);
-        let idle_alone = (now + own_time(false) - deadline).max(0.0);
+        // Its reading: a batch that cannot feed its readers makes each fall behind.
+        let behind = |u: f64| n / req.class.reading_rate * (u - 1.0).max(0.0);
+        let idle = (now + wait - deadline).max(0.0) + behind(self.util.0);
+        let idle_alone = (now + own_time(false) - deadline).max(0.0) + behind(self.util.1);
         let slo = ctx.slo;
         let loss = |l: f64| slo.alpha * slo.penalty.apply(l);
-        // What waiting behind others costs it; what it would lose alone no policy can avoid.
+        // What the others cost it; what it would lose alone no policy can avoid.
         let queue_loss = loss(idle) - loss(idle_alone);
         // (a) Worth less than nothing queued, (b) displacing later arrivals under overload.
         let worthless = queue_loss > 0.0 && n - loss(idle) < 0.0;
-        let displaces = overloaded && start > now && queue_loss > self.cfg.max_loss * n;
+        let displaces = overloaded && queue_loss > self.cfg.max_loss * n;
         if !(worthless || displaces) {
             return Ok(());
         }
@@ -496,7 +520,7 @@ impl Policy for Smooth {
             f64::INFINITY
         };
 
-        let limits = Limits::new(ctx, &c, self.cfg.feed);
+        let limits = Limits::new(ctx, self.cfg.start);
         let kappa = prefill_per_token(&c, ctx, None);
         let mut feed = Self::running_feed(ctx, &c, kappa);
         let mut full = false;

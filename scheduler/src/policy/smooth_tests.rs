@@ -56,7 +56,7 @@ fn context<'a>(
         cost,
         lengths,
         patience: &PATIENCE,
-        last_end: f64::NEG_INFINITY,
+        recent_ends: &[],
         ends: 0,
         completed: 0,
         slo,
@@ -153,8 +153,8 @@ fn an_idle_server_serves_what_it_cannot_serve_on_time() {
     assert!(smooth.admit(&req, &ctx(&queue)).is_err());
 }
 
-/// A batch of 80 light streams early in their answers, more than the feed limit keeps at 5
-/// tok/s, and six requests queued behind it.
+/// A batch of 80 light streams early in their answers, more than the pool holds at their
+/// expected ends, and six requests queued behind it.
 fn full_batch() -> (Vec<SeqView>, Vec<SeqView>) {
     let running = (0..80).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
     let waiting = (100..106).map(|i| seq(i, 9.9, 40, 0, 1.0)).collect();
@@ -177,8 +177,8 @@ fn lateness_owed_anyway_is_not_a_preemption_loss() {
 
 /// The start rule holds a batch the machine cannot keep: 80 streams will hold more KV blocks at
 /// their expected ends than the pool has, so nothing queued starts, although places and blocks
-/// are free now; the same queue behind four streams starts at once. Without the rule (`feed=0`)
-/// the full batch takes them. (The time bound, `the_door_predicts_starts_by_the_batch_rule`.)
+/// are free now; the same queue behind four streams starts at once. Without the rule (`start=0`)
+/// the full batch takes them.
 #[test]
 fn the_start_rule_holds_what_the_readers_cannot_use() {
     let (running, waiting) = full_batch();
@@ -194,7 +194,7 @@ fn the_start_rule_holds_what_the_readers_cannot_use() {
     let ahead: Vec<SeqView> = (0..4).map(|i| seq(i, 9.9, 40, 20, 1.0)).collect();
     assert_eq!(started(&ahead, SmoothConfig::default()), 6);
     // (The late streams cap the step's time, rule 3, so that is off too.)
-    assert_eq!(started(&running, SmoothConfig { feed: false, chunk: false, ..SmoothConfig::default() }), 6);
+    assert_eq!(started(&running, SmoothConfig { start: false, chunk: false, ..SmoothConfig::default() }), 6);
 }
 
 /// One start rule: the door predicts a start now exactly when the batch would start the
@@ -245,17 +245,47 @@ fn blocks_shared_through_the_prefix_cache_count_once() {
 /// 1,000 out), in the same state.
 fn door_after(rate: f64, ended: f64, ctx: &PolicyContext<'_>) -> Result<(), (crate::request::RejectReason, f64)> {
     let mut s = Smooth::new(SmoothConfig::default());
-    let mut c = *ctx;
     let n = (91.0 * rate) as u64;
     for i in 0..n {
-        c.now = ctx.now - (n - i) as f64 / rate;
+        let now = ctx.now - (n - i) as f64 / rate;
         // Ends well apart from arrivals: none is a client answering one.
-        (c.last_end, c.ends) = (c.now - 0.5, ((c.now - ctx.now + 91.0) * ended) as u64);
-        c.completed = c.ends;
-        let _ = s.admit(&seq(2000 + i, c.now, 40, 0, 1.0), &c);
+        let end = [now - 0.5];
+        let ends = ((now - ctx.now + 91.0) * ended) as u64;
+        let c = PolicyContext { now, recent_ends: &end, ends, completed: ends, ..*ctx };
+        let _ = s.admit(&seq(2000 + i, now, 40, 0, 1.0), &c);
     }
-    (c.now, c.ends, c.completed) = (ctx.now, (91.0 * ended) as u64, (91.0 * ended) as u64);
-    s.admit(&seq(1000, ctx.now, 40, 0, 1.0), &c)
+    let ends = (91.0 * ended) as u64;
+    s.admit(&seq(1000, ctx.now, 40, 0, 1.0), &PolicyContext { ends, completed: ends, ..*ctx })
+}
+
+/// The start rule does not hold a request back to keep the batch fed: 200 streams that need
+/// about twice the machine's time to give every reader 5 tok/s still take a newcomer while the
+/// KV pool has room. The door prices the slowdown instead: it serves the newcomer while demand
+/// keeps pace with completions and refuses it under sustained overload, where the same
+/// newcomer behind four streams is served.
+#[test]
+fn the_batch_starts_what_it_cannot_feed_and_the_door_prices_the_slowdown() {
+    let (cost, lengths, slo) = (cost(), LengthModel::default(), SloParams::default());
+    let running: Vec<SeqView> = (0..200).map(|i| seq(i, 0.0, 40, 5 + (i as usize * 7) % 60, 1.0)).collect();
+    let waiting = [seq(1000, 100.0, 40, 0, 1.0)];
+    fn roomy<'a>(running: &'a [SeqView], waiting: &'a [SeqView], models: (&'a StepCostModel, &'a LengthModel, &'a SloParams)) -> PolicyContext<'a> {
+        PolicyContext { free_blocks: 100_000, total_blocks: 100_000, ..context(running, waiting, 100.0, models) }
+    }
+    let m = (&cost, &lengths, &slo);
+    let ctx = roomy(&running, &waiting, m);
+    let mut s = Smooth::new(SmoothConfig::default());
+    let mut d = Decisions::default();
+    s.plan(&ctx, &mut d);
+    assert!(d.grants.iter().any(|g| g.id == 1000), "{d:?}");
+    let c = cost.effective();
+    let rem = lengths.expected_total(1000);
+    let kappa = super::prefill_per_token(&c, &ctx, None);
+    assert_eq!(s.predicted_start(&waiting[0], rem, &roomy(&running, &[], m), &c, kappa), 100.0);
+    assert!(s.util.0 > 1.5, "utilization {:?}", s.util);
+    let ctx = roomy(&running, &[], m);
+    assert!(door_after(1.0, 1.2, &ctx).is_ok());
+    assert!(door_after(2.0, 1.0, &ctx).is_err());
+    assert!(door_after(2.0, 1.0, &roomy(&running[..4], &[], m)).is_ok());
 }
 
 /// Rule 1b: a newcomer that must wait for a place is refused for what it adds to later
@@ -289,10 +319,12 @@ fn clients_answering_ends_are_not_new_demand_nor_refused_twice() {
         let t = 50.0 + f64::from(i) * 0.2;
         ends += 1;
         let mut ctx = context(&running, &long, t, (&cost, &lengths, &slo));
-        (ctx.last_end, ctx.ends) = (t - 0.005, ends);
+        let first = [t - 0.005];
+        (ctx.recent_ends, ctx.ends) = (&first, ends);
         assert!(s.admit(&seq(1000 + u64::from(i), t, 40, 0, 1.0), &ctx).is_err(), "newcomer {i}");
         ends += 1;
-        (ctx.last_end, ctx.ends) = (t, ends);
+        let both = [t - 0.005, t];
+        (ctx.recent_ends, ctx.ends) = (&both, ends);
         assert!(s.admit(&seq(5000 + u64::from(i), t + 0.005, 40, 0, 1.0), &ctx).is_ok(), "return {i}");
     }
     let mut d = Decisions::default();

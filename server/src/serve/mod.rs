@@ -44,7 +44,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000, env = "PACE_PORT")]
     pub port: u16,
     /// Scheduling policy: smooth, fcfs (vLLM-style) or drop-late; for A/B runs, smooth with some of
-    /// its configuration set: smooth:KEY=VALUE[:...] with KEY one of door, feed, chunk, order (0
+    /// its configuration set: smooth:KEY=VALUE[:...] with KEY one of door, start, chunk, order (0
     /// switches that rule off), max_loss, window_s (docs/scheduler.md).
     #[arg(long, visible_alias = "scheduling-policy", default_value = "smooth", value_parser = pace_scheduler::policy::parse_name, env = "PACE_SCHEDULER")]
     pub scheduler: String,
