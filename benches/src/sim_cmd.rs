@@ -871,7 +871,7 @@ fn write_outputs(dir: &Path, prov: &Provenance, desc: &str, lines: &[SummaryLine
     for c in &charts {
         let _ = writeln!(md, "- {}: [SVG]({n}.svg)", c.title, n = c.name);
     }
-    md.push_str("\nRaw data: `summary.jsonl` (one line per policy and load, means over seeds) and `sweep.json` (every seed's run).\n");
+    md.push_str("\nRaw data: `summary.jsonl` (one line per policy and load, means over seeds); every seed's run in `sweep.json` when the command is rerun (too large to commit).\n");
     std::fs::write(dir.join("report.md"), md)?;
     Ok(())
 }
