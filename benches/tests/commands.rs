@@ -45,7 +45,7 @@ async fn serve_saves_a_vllm_style_result_with_timelines() {
     let sched: Vec<f64> = r.timelines.iter().map(|t| t.scheduled).collect();
     let span = sched[sched.len() - 1];
     let inside = sched.iter().filter(|&&t| t >= 0.1 * span && t <= 0.8 * span).count();
-    assert!(inside >= 1 && inside < 8);
+    assert!((1..8).contains(&inside));
     assert_eq!((r.counted, r.completed, r.failed, r.rejected), (inside, inside, 0, 0));
     assert!((r.duration - 0.7 * span).abs() < 1e-9, "every rate is over the window");
     assert!(r.input_lens.iter().all(|&n| n == 24), "random prompts are exact in tokens");

@@ -76,7 +76,7 @@ async fn short_real_sweep_against_pace_serve() {
             assert_eq!(v["timelines"][0]["prompt_len"], 64);
             // `pace bench score` reads pace's own result: every request sent, as the result saw it.
             let params = pace_scheduler::slo::SloParams::default();
-            let s = pace_bench::score::score_paths(&[file.clone()], None, params, false, None).unwrap().remove(0);
+            let s = pace_bench::score::score_paths(std::slice::from_ref(&file), None, params, false, None).unwrap().remove(0);
             let sent = v["timelines"].as_array().unwrap().len();
             let done = v["timelines"].as_array().unwrap().iter().filter(|t| t["record"]["outcome"] == "completed").count();
             assert_eq!((s.sent, s.served), (sent, done), "{}", file.display());

@@ -212,10 +212,10 @@ impl LlamaConfig {
         if self.hidden_size == 0 || self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 {
             return bad(format!("degenerate model shape {self:?}"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!("{} heads are not a multiple of {} KV heads", self.num_heads, self.num_kv_heads));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 256 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 256 {
             return bad(format!("head dimension {} (must be even and at most 256)", self.head_dim));
         }
         if self.vocab_size == 0 || self.intermediate_size == 0 {

@@ -91,7 +91,7 @@ impl GgmlType {
     /// Bytes for `elems` elements, or None if `elems` is not a whole number of blocks or overflows.
     pub fn bytes_for(self, elems: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        if elems % be != 0 {
+        if !elems.is_multiple_of(be) {
             return None;
         }
         (elems / be).checked_mul(self.block_bytes() as u64)

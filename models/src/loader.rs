@@ -278,7 +278,7 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     // Weights were copied from this thread; the engine runs on another one. Its launches share
     // this device's one stream, so they would be ordered after the copies anyway; waiting here
     // also makes a failed copy fail the load.
-    pace_kernels::device::synchronize(&dev)?;
+    pace_kernels::device::synchronize(dev)?;
     let chat_template = ChatTemplate::for_tokenizer(&tokenizer)?;
     Ok(LoadedModel { model, tokenizer, chat_template, name: source.default_name(), max_model_len, description })
 }

@@ -57,7 +57,7 @@ fn run(runner: &mut ModelRunner, mut seqs: Vec<Seq>, needle_id: u64, rng: &mut S
         for s in seqs.iter_mut().filter(|s| !s.done()) {
             if s.id == needle_id && !preempted && preempt_at.is_some_and(|k| s.generated().len() >= k) {
                 // Forced preemption: the blocks go back, everything is recomputed later.
-                free.extend(s.blocks.drain(..));
+                free.append(&mut s.blocks);
                 free.shuffle(rng);
                 s.computed = 0;
                 preempted = true;
@@ -89,7 +89,7 @@ fn run(runner: &mut ModelRunner, mut seqs: Vec<Seq>, needle_id: u64, rng: &mut S
             let s = seqs.iter_mut().find(|s| s.id == t.id).unwrap();
             s.tokens.push(t.token);
             if s.done() {
-                free.extend(s.blocks.drain(..));
+                free.append(&mut s.blocks);
                 released.push(s.id);
             }
         }
@@ -116,7 +116,7 @@ fn needle_tokens_are_identical_alone_in_batches_chunked_and_preempted() {
     // reference itself is produced once with whole-prompt prefill and one-token decodes.
     let reference = {
         let s = new_seq(&mut runner, 1, prompt.clone(), NEEDLE_TOKENS);
-        let mut seqs = vec![s];
+        let mut seqs = [s];
         let mut free: Vec<u32> = (1..64).collect();
         let mut step = 0;
         while !seqs[0].done() {

@@ -51,18 +51,18 @@ fn ids_are_told_from_paths() {
 fn safetensors_and_gguf_repositories_resolve_through_the_symlinks() {
     let hub = tmp("kinds");
     let st = repo(&hub, "acme/tiny", "c0ffee", &[("config.json", b"{}"), ("model.safetensors", b"x"), ("tokenizer.json", b"{}")], true);
-    assert_eq!(resolve("acme/tiny", &[hub.clone()]).unwrap(), Resolved::HfDir(st));
+    assert_eq!(resolve("acme/tiny", std::slice::from_ref(&hub)).unwrap(), Resolved::HfDir(st));
     let one = repo(&hub, "acme/tiny-GGUF", "beef01", &[("tiny.Q4_1.gguf", b"GGUF"), ("README.md", b"#")], true);
-    assert_eq!(resolve("acme/tiny-GGUF", &[hub.clone()]).unwrap(), Resolved::Gguf(one.join("tiny.Q4_1.gguf")));
+    assert_eq!(resolve("acme/tiny-GGUF", std::slice::from_ref(&hub)).unwrap(), Resolved::Gguf(one.join("tiny.Q4_1.gguf")));
 
     // Several GGUF files: the error lists them; naming one picks it (in a subfolder too).
     let many = repo(&hub, "acme/many-GGUF", "abc", &[("m.Q4_1.gguf", b"G"), ("m.Q8_0.gguf", b"G"), ("f16/m.F16.gguf", b"G")], true);
-    let err = resolve("acme/many-GGUF", &[hub.clone()]).unwrap_err().to_string();
+    let err = resolve("acme/many-GGUF", std::slice::from_ref(&hub)).unwrap_err().to_string();
     assert!(err.contains("3 GGUF files") && err.contains("m.Q4_1.gguf, m.Q8_0.gguf") && err.contains("f16/m.F16.gguf"), "{err}");
     assert!(err.contains("--model acme/many-GGUF:FILE.gguf"), "{err}");
-    assert_eq!(resolve("acme/many-GGUF:m.Q8_0.gguf", &[hub.clone()]).unwrap(), Resolved::Gguf(many.join("m.Q8_0.gguf")));
-    assert_eq!(resolve("acme/many-GGUF:f16/m.F16.gguf", &[hub.clone()]).unwrap(), Resolved::Gguf(many.join("f16/m.F16.gguf")));
-    let err = resolve("acme/many-GGUF:m.Q2_K.gguf", &[hub.clone()]).unwrap_err().to_string();
+    assert_eq!(resolve("acme/many-GGUF:m.Q8_0.gguf", std::slice::from_ref(&hub)).unwrap(), Resolved::Gguf(many.join("m.Q8_0.gguf")));
+    assert_eq!(resolve("acme/many-GGUF:f16/m.F16.gguf", std::slice::from_ref(&hub)).unwrap(), Resolved::Gguf(many.join("f16/m.F16.gguf")));
+    let err = resolve("acme/many-GGUF:m.Q2_K.gguf", std::slice::from_ref(&hub)).unwrap_err().to_string();
     assert!(err.contains("m.Q2_K.gguf is not in") && err.contains("m.Q4_1.gguf"), "{err}");
     let _ = std::fs::remove_dir_all(&hub);
 }
@@ -75,7 +75,7 @@ fn refs_main_chooses_the_snapshot_and_the_first_cache_holding_the_repo_wins() {
     assert_eq!(resolve("acme/two", &[a.clone(), b.clone()]).unwrap(), Resolved::Gguf(new.join("new.gguf")));
     // Without refs/main, two snapshots are ambiguous; one is not.
     std::fs::remove_dir_all(b.join("models--acme--two").join("refs")).unwrap();
-    assert!(resolve("acme/two", &[b.clone()]).unwrap_err().to_string().contains("2 snapshots"));
+    assert!(resolve("acme/two", std::slice::from_ref(&b)).unwrap_err().to_string().contains("2 snapshots"));
     let only = repo(&a, "acme/two", "solo", &[("solo.gguf", b"G")], false);
     assert_eq!(resolve("acme/two", &[a.clone(), b.clone()]).unwrap(), Resolved::Gguf(only.join("solo.gguf")));
     let _ = std::fs::remove_dir_all(&a);
@@ -85,14 +85,14 @@ fn refs_main_chooses_the_snapshot_and_the_first_cache_holding_the_repo_wins() {
 #[test]
 fn a_model_not_in_the_cache_says_where_it_looked_and_how_to_get_it() {
     let hub = tmp("missing");
-    let err = resolve("acme/absent", &[hub.clone()]).unwrap_err().to_string();
+    let err = resolve("acme/absent", std::slice::from_ref(&hub)).unwrap_err().to_string();
     assert!(err.contains(&hub.join("models--acme--absent").display().to_string()), "{err}");
     assert!(err.contains("hf download acme/absent"), "{err}");
-    let err = resolve("acme/absent:x.Q4_1.gguf", &[hub.clone()]).unwrap_err().to_string();
+    let err = resolve("acme/absent:x.Q4_1.gguf", std::slice::from_ref(&hub)).unwrap_err().to_string();
     assert!(err.contains("hf download acme/absent x.Q4_1.gguf"), "{err}");
     // An incomplete snapshot (no weights) is its own error.
     repo(&hub, "acme/partial", "p1", &[("config.json", b"{}")], true);
-    assert!(resolve("acme/partial", &[hub.clone()]).unwrap_err().to_string().contains("incomplete download"));
+    assert!(resolve("acme/partial", std::slice::from_ref(&hub)).unwrap_err().to_string().contains("incomplete download"));
     let _ = std::fs::remove_dir_all(&hub);
 }
 
@@ -108,7 +108,7 @@ fn a_gguf_repository_loads_by_id() {
     std::fs::create_dir_all(root.join("refs")).unwrap();
     std::fs::write(root.join("refs").join("main"), "f00d\n").unwrap();
     std::os::unix::fs::symlink(&model, snap.join("smol.Q4_1.gguf")).unwrap();
-    let source = ModelSource::from_hub("acme/smol-GGUF", &[hub.clone()]).unwrap();
+    let source = ModelSource::from_hub("acme/smol-GGUF", std::slice::from_ref(&hub)).unwrap();
     assert_eq!(source.default_name(), "acme/smol-GGUF");
     let lm = load(&source, &LoadOptions { max_model_len: Some(256), ..LoadOptions::on(Device::Cpu) }).unwrap();
     assert_eq!(lm.name, "acme/smol-GGUF");

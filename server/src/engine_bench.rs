@@ -130,7 +130,7 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
         prefill.push(args.prompt_len as f64 / (times[0][0] - t0));
     }
     let mut decode = Vec::new();
-    for _ in 0..args.reps.min(3).max(1) {
+    for _ in 0..args.reps.clamp(1, 3) {
         let times = b.run(&[8], args.gen)?;
         let t = &times[0];
         decode.push((t.len() - 1) as f64 / (t[t.len() - 1] - t[0]));

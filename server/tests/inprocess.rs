@@ -114,7 +114,9 @@ async fn bad_inputs_get_openai_errors_before_any_sse_byte_and_the_server_keeps_s
 
     // Field-level errors, each also with stream: true (same status, JSON body, no SSE).
     let long_prompt = "hello ".repeat(600);
-    let cases: Vec<(&str, Value, u16, Option<&str>, Option<&str>)> = vec![
+    // (route, body, status, param, code)
+    type Case = (&'static str, Value, u16, Option<&'static str>, Option<&'static str>);
+    let cases: Vec<Case> = vec![
         (COMPLETIONS, json!({"max_tokens": 4}), 400, Some("prompt"), None),
         (CHAT, json!({"max_tokens": 4}), 400, Some("messages"), None),
         (COMPLETIONS, json!({"prompt": 5}), 400, Some("prompt"), None),

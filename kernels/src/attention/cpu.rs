@@ -111,6 +111,7 @@ thread_local! {
 }
 
 /// Paged attention over a ragged batch. `q` and `out` are `t x heads x head_dim` (f32).
+#[allow(clippy::too_many_arguments)] // the kernel's inputs, as the CUDA one takes them
 pub fn paged_attention<E: KvElem>(
     q: &[f32],
     k_cache: &[E],
@@ -137,6 +138,9 @@ pub fn paged_attention<E: KvElem>(
     let optr = OutPtr(out.as_mut_ptr());
     let d = geo.head_dim;
     items.par_iter().for_each(|it| {
+        // Moves the whole wrapper into the closure (a field capture would take the bare
+        // pointer, which is not Send).
+        #[allow(clippy::redundant_locals)]
         let optr = optr;
         let ctx = meta.context_lens[it.seq] as usize;
         let qlen = (meta.cu_seqlens_q[it.seq + 1] - meta.cu_seqlens_q[it.seq]) as usize;

@@ -32,7 +32,7 @@ pub(super) fn padded_blocks(nb: usize) -> usize {
 impl QuantizedActs {
     /// Quantizes `x` (`t` rows of `k` values, row-major) into `self`, reusing its buffers.
     pub fn quantize_into(&mut self, x: &[f32], t: usize, k: usize) {
-        assert!(k % QK == 0 && x.len() == t * k, "activations must be t x k with k % 32 == 0");
+        assert!(k.is_multiple_of(QK) && x.len() == t * k, "activations must be t x k with k % 32 == 0");
         let (nb, ns) = (k / QK, padded_blocks(k / QK));
         self.t = t;
         self.k = k;

@@ -324,6 +324,7 @@ unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile
 /// Q8 weights: `R` rows by `C` tokens.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `j` indexes the block, the prefetch and `sc` alike
 unsafe fn q8_tile<const R: usize, const C: usize>(t: &Tile) {
     let nb = t.nb;
     let ones = _mm256_set1_epi16(1);

@@ -21,7 +21,7 @@ pub fn ggml_dequantize(dtype: GgmlDType, data: &[u8], elems: usize) -> candle_co
 
 pub(super) fn from_ggml(what: &str, dtype: GgmlDType, data: &[u8], rows: usize, cols: usize) -> Result<QuantMatrix, QuantError> {
     let block = dtype.block_size();
-    if cols % QK != 0 || cols % block != 0 {
+    if !cols.is_multiple_of(QK) || !cols.is_multiple_of(block) {
         return Err(QuantError::Shape(format!("{what}: {cols} columns is not a multiple of the {dtype:?} block size")));
     }
     let expected = rows * cols / block * dtype.type_size();
@@ -122,7 +122,7 @@ fn q4k_block(blk: &[u8], out: &mut QuantMatrix) {
 }
 
 pub(super) fn quantize_f32(format: QFormat, data: &[f32], rows: usize, cols: usize) -> Result<QuantMatrix, QuantError> {
-    if cols % QK != 0 || data.len() != rows * cols {
+    if !cols.is_multiple_of(QK) || data.len() != rows * cols {
         return Err(QuantError::Shape(format!("cannot quantize {} values as {rows}x{cols} (columns must be a multiple of {QK})", data.len())));
     }
     let mut out = empty(format, rows, cols);

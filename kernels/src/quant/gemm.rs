@@ -110,6 +110,8 @@ pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f
         let r0 = (ci * units_per_chunk * unit_rows).min(w.rows);
         let r1 = ((ci + 1) * units_per_chunk * unit_rows).min(w.rows);
         if r0 < r1 {
+            // The whole wrapper, not its bare (non-Send) pointer field.
+            #[allow(clippy::redundant_locals)]
             let out = out;
             compute_rows(w, acts, r0, r1, out.0);
         }

@@ -127,7 +127,7 @@ fn execute_against_step_logits(dev: &Device, weights: &str, kv: DType, steps: us
                 let top = row[want as usize];
                 let got = row.get(tok.token as usize).copied().unwrap_or(f32::NAN);
                 let gap = (top - got) as f64;
-                if !(gap <= 1e-3 * (top.abs() as f64).max(1.0)) {
+                if gap.is_nan() || gap > 1e-3 * (top.abs() as f64).max(1.0) {
                     differ += 1;
                     if first.is_empty() {
                         first = format!("step {step}, sequence {i}: execute chose {} (logit {got}), step_logits {want} (logit {top})", tok.token);

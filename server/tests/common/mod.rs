@@ -34,7 +34,8 @@ impl Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pace"));
         cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()]);
         for (flag, default) in [("--kv-cache-memory", "128MiB"), ("--max-model-len", "2048")] {
-            if !args.contains(&flag) && !(flag == "--kv-cache-memory" && args.contains(&"--kv-cache-blocks")) {
+            let sized_otherwise = flag == "--kv-cache-memory" && args.contains(&"--kv-cache-blocks");
+            if !args.contains(&flag) && !sized_otherwise {
                 cmd.args([flag, default]);
             }
         }
