@@ -630,6 +630,11 @@ pub(crate) fn serve_config(a: &AbArgs, dir: &std::path::Path) -> Result<Option<S
     if let Some(m) = &a.serve_model {
         args.extend(["--model".to_string(), m.clone()]);
     }
+    // A priority mix is meant to be honoured: pace serve clamps clients' priorities to 0..10
+    // unless told to trust them (unless a --serve-arg sets the range itself).
+    if a.workload.priority_mix.is_some() && !a.serve_arg.iter().any(|s| s.starts_with("--priority-range")) {
+        args.push("--priority-range=-10,10".to_string());
+    }
     args.extend(a.serve_arg.iter().cloned());
     Ok(Some(ServeConfig { bin, args, start_timeout: a.server_start_timeout, stop_timeout: a.server_stop_timeout, log_dir: dir.join("logs") }))
 }

@@ -22,12 +22,31 @@ pub struct ModelRunner {
     model: Llama,
     cache: KvCache,
     samplers: HashMap<RequestId, Sampler>,
+    /// Test hook: the logits of any slice that feeds this token are NaN.
+    nan_on_token: Option<u32>,
+}
+
+/// A row of logits worth sampling from: no NaN, no +inf, and at least one finite value. (One
+/// pass without early exit, so that it vectorises: a 49k row costs a few microseconds.)
+pub fn row_is_sound(row: &[f32]) -> bool {
+    let (mut broken, mut finite) = (false, false);
+    for &x in row {
+        broken |= x.is_nan() | (x == f32::INFINITY);
+        finite |= x.is_finite();
+    }
+    finite && !broken
 }
 
 impl ModelRunner {
     /// A runner over a loaded model and its allocated cache.
     pub fn new(model: Llama, cache: KvCache) -> Self {
-        Self { model, cache, samplers: HashMap::new() }
+        Self { model, cache, samplers: HashMap::new(), nan_on_token: None }
+    }
+
+    /// Test hook: any slice that feeds `token` gets a row of NaN logits, to exercise the broken-row
+    /// path end to end (`pace serve --debug-nan-on-token`).
+    pub fn set_nan_on_token(&mut self, token: Option<u32>) {
+        self.nan_on_token = token;
     }
 
     /// The model.
@@ -102,13 +121,24 @@ impl ModelRunner {
             });
             out.expect("the scope ran the forward pass")?
         };
-        if let Some(sampled) = self.sample_greedy_on_device(plan, &logits)? {
-            return Ok(StepOutput { sampled, complete: Vec::new() });
+        if self.nan_on_token.is_none() {
+            if let Some(out) = self.sample_greedy_on_device(plan, &logits)? {
+                return Ok(out);
+            }
         }
         let mut rows = logits.to_vec2::<f32>()?;
         let mut sampled = Vec::with_capacity(rows.len());
-        let mut complete = Vec::new();
+        let (mut complete, mut failed) = (Vec::new(), Vec::new());
         for (s, row) in plan.seqs.iter().filter(|s| s.sample).zip(rows.iter_mut()) {
+            if self.nan_on_token.is_some_and(|t| s.tokens.contains(&t)) {
+                row.fill(f32::NAN);
+            }
+            // A broken row (a numerical fault in the model or the kernels) fails its request:
+            // a token drawn from it would be garbage presented as an answer.
+            if !row_is_sound(row) {
+                failed.push(s.id);
+                continue;
+            }
             let sampler = self.samplers.get_mut(&s.id).ok_or_else(|| Error::Invalid(format!("request {} has no sampler", s.id)))?;
             let mut tok = sampler.sample(row)?;
             tok.id = s.id;
@@ -117,7 +147,7 @@ impl ModelRunner {
                 complete.push(s.id);
             }
         }
-        Ok(StepOutput { sampled, complete })
+        Ok(StepOutput { sampled, complete, failed })
     }
 
     /// On a GPU, when every sampled request is plain greedy (no logprobs, no penalties), takes
@@ -126,19 +156,26 @@ impl ModelRunner {
     /// follows the host sampler's rule (ties to the lowest id, NaN never chosen:
     /// `pace_kernels::sample`), so the token does not depend on where it was chosen. `None`:
     /// sample on the host.
-    fn sample_greedy_on_device(&mut self, plan: &BatchPlan, logits: &Tensor) -> Result<Option<Vec<SampledToken>>> {
+    fn sample_greedy_on_device(&mut self, plan: &BatchPlan, logits: &Tensor) -> Result<Option<StepOutput>> {
         let sampled_seqs = || plan.seqs.iter().filter(|s| s.sample);
         let plain = sampled_seqs().all(|s| self.samplers.get(&s.id).is_some_and(Sampler::is_plain_greedy));
         if logits.device().is_cpu() || logits.dim(0)? == 0 || !plain {
             return Ok(None);
         }
         let ids: Vec<u32> = pace_kernels::sample::argmax_rows(logits)?.to_vec1()?;
-        let mut out = Vec::with_capacity(ids.len());
-        for (s, token) in sampled_seqs().zip(ids) {
+        // With no grammar and no penalty every logit must be finite, so a row whose sum (in f32,
+        // which a 128k row of f16 logits could overflow) is not finite is broken.
+        let sums: Vec<f32> = logits.to_dtype(candle_core::DType::F32)?.sum(1)?.to_vec1()?;
+        let mut out = StepOutput { sampled: Vec::with_capacity(ids.len()), ..Default::default() };
+        for ((s, token), sum) in sampled_seqs().zip(ids).zip(sums) {
+            if !sum.is_finite() {
+                out.failed.push(s.id);
+                continue;
+            }
             if let Some(sampler) = self.samplers.get_mut(&s.id) {
                 sampler.record(token);
             }
-            out.push(SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() });
+            out.sampled.push(SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() });
         }
         Ok(Some(out))
     }
@@ -247,5 +284,25 @@ impl ModelRunner {
             token_ids_host: ids,
             attn,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_is_sound;
+
+    #[test]
+    fn a_row_is_sound_only_with_a_finite_value_and_no_nan_or_plus_infinity() {
+        assert!(row_is_sound(&[0.5, -3.0, 12.0]));
+        // A grammar's mask is -inf: fine while something is left.
+        assert!(row_is_sound(&[f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY]));
+        assert!(!row_is_sound(&[f32::NEG_INFINITY; 4]));
+        assert!(!row_is_sound(&[]));
+        let mut row = vec![0.25f32; 49_152];
+        assert!(row_is_sound(&row));
+        row[40_000] = f32::NAN;
+        assert!(!row_is_sound(&row));
+        row[40_000] = f32::INFINITY;
+        assert!(!row_is_sound(&row));
     }
 }

@@ -93,4 +93,7 @@ pub struct StepOutput {
     /// (a structured output whose grammar nothing can extend): they finish with `Stop` now
     /// instead of spending a step on the end-of-sequence token.
     pub complete: Vec<RequestId>,
+    /// Requests whose row of logits was broken (a NaN or +inf, or no finite value): they get no
+    /// token and finish with `Error`, never with a token sampled from garbage.
+    pub failed: Vec<RequestId>,
 }

@@ -819,6 +819,9 @@ impl Scheduler {
                 events.extend(self.finish(s.id, reason, now));
             }
         }
+        for &id in &out.failed {
+            events.extend(self.finish(id, FinishReason::Error, now));
+        }
         events
     }
 

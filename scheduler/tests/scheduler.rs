@@ -266,6 +266,34 @@ fn fail_step_finishes_the_plan_with_error_and_frees_blocks() {
     assert_eq!(h.sched.stats().finished.error as usize, plan.seqs.len());
 }
 
+/// A request whose row of logits the runner found broken gets no token and ends with `Error`;
+/// the others in the step go on as if nothing happened.
+#[test]
+fn a_broken_logit_row_fails_only_its_request() {
+    let mut h = Harness::new(small_cfg(), "fcfs");
+    for id in 0..3 {
+        h.add(request(id, 4, 6, 0.0)).unwrap();
+    }
+    let plan = h.sched.schedule(0.0);
+    assert_eq!(plan.seqs.len(), 3);
+    let mut out = h.runner.execute(&plan, &small_cfg());
+    out.sampled.retain(|s| s.id != 1);
+    out.failed.push(1);
+    let events = h.sched.update(&plan, &out, 0.1);
+    assert!(events.iter().any(|e| matches!(e, Event::Finished { id: 1, reason: FinishReason::Error, num_output: 0, .. })), "{events:?}");
+    assert!(!events.iter().any(|e| matches!(e, Event::Token { id: 1, .. })), "no token for the broken row");
+    assert_eq!(events.iter().filter(|e| matches!(e, Event::Token { .. })).count(), 2);
+    assert_eq!(h.sched.stats().finished.error, 1);
+    h.now = 0.1;
+    while h.sched.has_unfinished() {
+        h.step(0.01);
+    }
+    let done = h.finished();
+    assert_eq!(done[&0], (FinishReason::Length, 6));
+    assert_eq!(done[&2], (FinishReason::Length, 6));
+    assert_eq!(h.sched.stats().kv_blocks_used, 0);
+}
+
 #[test]
 fn stop_tokens_respect_min_tokens_and_length_caps_at_max_model_len() {
     let cfg = small_cfg();

@@ -31,6 +31,8 @@ pub struct StepReport {
     pub length_errors: Vec<f64>,
     /// The step's error, if it failed.
     pub error: Option<String>,
+    /// Requests the step failed because their logits were not finite (NaN or +inf).
+    pub broken_rows: usize,
 }
 
 /// Scheduler + runner + clock.
@@ -92,6 +94,12 @@ impl EngineCore {
     /// Appends one JSON line per executed step to `file`.
     pub fn step_trace(mut self, file: Option<std::fs::File>) -> Self {
         self.step_trace = file.map(std::io::LineWriter::new);
+        self
+    }
+
+    /// Gives every slice that feeds `token` NaN logits (a test hook for broken rows).
+    pub fn nan_on_token(mut self, token: Option<u32>) -> Self {
+        self.runner.set_nan_on_token(token);
         self
     }
 
@@ -197,6 +205,7 @@ impl EngineCore {
                     self.scheduler.observe_step(&shape, exec);
                     self.consecutive_failures = 0;
                 }
+                report.broken_rows = out.failed.len();
                 report.events = self.scheduler.update(&plan, &out, end);
                 if inject_panic {
                     panic!("injected engine panic (--debug-panic-on-token)");

@@ -7,7 +7,8 @@
 //!   `lifecycle.rs`);
 //! - clients that leave: after one of a non-streaming request's choices, or while admission is
 //!   being decided, leave nothing live behind;
-//! - per-request bounds: output tokens over all choices, stop strings, prompt counts;
+//! - per-request bounds: output tokens over all choices, stop strings, prompt counts; the
+//!   bounded preparation queue, which forgets clients who left;
 //! - connection limits: silent and slow connections, slow bodies, the connection cap, SSE
 //!   keep-alive comments while a stream waits in the queue;
 //! - the request lifecycle under each policy, with smooth's 429 `predicted_late` and
@@ -205,11 +206,13 @@ async fn a_client_gone_after_one_of_its_choices_leaves_nothing_live() {
 async fn a_client_gone_while_admission_is_decided_leaves_no_request_behind() {
     use pace_models::sampler::{Sampler, SamplingParams};
     use pace_scheduler::NewRequest;
-    // Token 99 fails any step that feeds it: the orphan must never reach a step.
-    let s = Srv::start(&["--scheduler", "fcfs", "--debug-fail-on-token", "99"], LOOSE).await;
+    // Token 99 fails any step that feeds it: the orphan must never reach a step. Token 77, in
+    // every 64-token chunk of the busy prompt, makes each of its prefill steps last 0.3 s, so
+    // the submission below waits in the command queue (the engine reads it between steps only).
+    let s =
+        Srv::start(&["--scheduler", "fcfs", "--debug-fail-on-token", "99", "--debug-stall-on-token", "77:0.3", "--max-num-batched-tokens", "64"], LOOSE).await;
     let engine = s.state.loaded.get().unwrap().engine.clone();
-    // Keep the engine busy in long steps, so the submission below waits in its command queue.
-    let busy: Vec<u32> = (0..400).map(|i| 10 + (i % 50)).collect();
+    let busy: Vec<u32> = (0..400).map(|i| if i % 16 == 0 { 77 } else { 10 + (i % 50) }).collect();
     let (url, body) = (s.url("/v1/completions"), json!({"prompt": busy, "max_tokens": 40, "ignore_eos": true}));
     let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
     s.until(60, "the busy request running", |r, _| r == 1).await;
@@ -227,7 +230,7 @@ async fn a_client_gone_while_admission_is_decided_leaves_no_request_behind() {
     let sampler = Sampler::new(SamplingParams::default(), &prompt).unwrap();
     // Polled once (the command is sent), then dropped: the client is gone.
     let gone = tokio::time::timeout(Duration::ZERO, engine.submit(req, sampler)).await;
-    assert!(gone.is_err(), "admission answered within zero time");
+    assert!(gone.is_err(), "admission answered within zero time: {:?}", gone.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(|e| format!("{e:?}"))));
     assert_eq!(busy.await.unwrap(), 200, "the busy request was not failed by the orphan's step");
     s.until(60, "idle", |r, w| r + w == 0).await;
     assert_eq!(engine.gauges.consecutive_failures.load(Ordering::Relaxed), 0, "the orphan ran a step");
@@ -416,6 +419,81 @@ async fn an_idle_connection_flood_locks_nobody_out() {
     assert_eq!(data_frames(&raw).last(), Some(&"[DONE]"), "the stream ended properly");
     assert!(opened > LIMIT * 5 / 2, "the flood opened {opened} connections");
     assert!(s.series("pace_http_connections_closed_total", &[("reason", "slots_full")]) >= (opened - LIMIT * 5 / 2) as f64 / 2.0);
+}
+
+/// The status code of a raw HTTP/1.1 request naming `host`.
+async fn status_for_host(addr: SocketAddr, method: &str, path: &str, host: &str) -> u16 {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let body = if method == "POST" { r#"{"prompt": "hi", "max_tokens": 1}"# } else { "" };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let raw = read_to_close(&mut c, 30).await.expect("the server answers and closes");
+    let text = String::from_utf8_lossy(&raw);
+    text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {text}"))
+}
+
+/// `--allowed-hosts`: inference routes answer only requests that name a listed host (a port,
+/// letter case and a `*.` wildcard allowed for); a rebound DNS name gets a 400; the probes
+/// answer whatever the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inference_routes_answer_only_the_allowed_hosts() {
+    let s = Srv::start(&["--scheduler", "fcfs", "--allowed-hosts", "localhost,127.0.0.1,*.pace.internal"], LOOSE).await;
+    let port = s.addr.port();
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), "LocalHost".into(), "a.pace.internal".into(), format!("x.y.pace.internal:{port}")] {
+        assert_eq!(status_for_host(s.addr, "GET", "/v1/models", &host).await, 200, "{host}");
+        assert_eq!(status_for_host(s.addr, "POST", "/v1/completions", &host).await, 200, "{host}");
+    }
+    for host in ["attacker.example", "attacker.example:8000", "pace.internal", "evilpace.internal", "[::1]:8000"] {
+        assert_eq!(status_for_host(s.addr, "GET", "/v1/models", host).await, 400, "{host}");
+        assert_eq!(status_for_host(s.addr, "POST", "/v1/completions", host).await, 400, "{host}");
+    }
+    for path in ["/health", "/metrics", "/version"] {
+        assert_eq!(status_for_host(s.addr, "GET", path, "10.1.2.3:8000").await, 200, "{path}");
+    }
+    // Without the flag every host is served.
+    let open = Srv::start(&["--scheduler", "fcfs"], LOOSE).await;
+    assert_eq!(status_for_host(open.addr, "GET", "/v1/models", "attacker.example").await, 200);
+}
+
+/// Request preparation (tokenizing, templates, grammars) is a bounded queue in front of eight
+/// threads. 16 clients at once, each preparation taking a second (`--debug-prepare-stall`), 12
+/// places (`--max-preparing`): 8 are prepared, 4 wait, 4 are answered 503 + Retry-After at
+/// once; when the clients give up after 400 ms the 4 waiting drop out of the queue and are never
+/// prepared; `/health` answers throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_preparation_is_bounded_and_forgets_clients_who_left() {
+    let s = Srv::start(&["--scheduler", "fcfs", "--max-preparing", "12", "--debug-prepare-stall", "1.0"], LOOSE).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(400)).build().unwrap();
+    let sends: Vec<_> = (0..16)
+        .map(|i| {
+            let (c, url) = (client.clone(), s.url("/v1/completions"));
+            tokio::spawn(async move {
+                let r = c.post(url).json(&json!({"prompt": format!("hello {i}"), "max_tokens": 1})).send().await;
+                r.map(|r| (r.status().as_u16(), r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string))).ok()
+            })
+        })
+        .collect();
+    let probe = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    let t = Instant::now();
+    assert_eq!(probe.get(s.url("/health")).send().await.unwrap().status().as_u16(), 200);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let mut answered = Vec::new();
+    for h in sends {
+        answered.extend(h.await.unwrap());
+    }
+    assert_eq!(answered.len(), 4, "only the refusals came before the clients gave up: {answered:?}");
+    assert!(answered.iter().all(|(st, ra)| *st == 503 && ra.as_deref() == Some("1")), "{answered:?}");
+    // Once the eight running preparations end, every place is free, and nothing else ran.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.state.preparing.available_permits() < 12 {
+        assert!(Instant::now() < deadline, "places still held: {}", 12 - s.state.preparing.available_permits());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(s.state.prepared.load(Ordering::Relaxed), 8, "the four who left while waiting were prepared");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

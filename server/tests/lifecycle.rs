@@ -1,6 +1,6 @@
 //! Load, overload and faults against real servers (docs/reliability.md): API keys, client
 //! disconnects, mass timeouts, queue overload, KV exhaustion, a failing step, a panicking engine
-//! loop, SIGTERM drain, and metrics that match what the client measured. (Faults that need no
+//! loop, a stuck step, non-finite logits, SIGTERM drain and a second SIGTERM, and metrics that match what the client measured. (Faults that need no
 //! real model or process run in-process, in `faults.rs`.)
 
 mod common;
@@ -99,11 +99,8 @@ async fn disconnects_abort_and_free_blocks_then_mass_timeouts_recover() {
             json!({"messages": user(&format!("Story {i}")), "max_tokens": 1800, "ignore_eos": true, "stream": true})
         };
         async move {
-            match c.post(url).json(&body).send().await {
-                Ok(r) => {
-                    let _ = r.bytes().await;
-                }
-                Err(_) => {}
+            if let Ok(r) = c.post(url).json(&body).send().await {
+                let _ = r.bytes().await;
             }
         }
     });
@@ -238,14 +235,71 @@ async fn a_panic_in_the_engine_loop_answers_then_exits_non_zero() {
     assert!(s.log_text().contains("the engine thread panicked"), "{}", s.log_text());
 }
 
+/// An engine step that never returns (`--debug-stall-on-token` far beyond
+/// `--engine-step-timeout`): the watchdog ends the open request with an error, `/health` is
+/// never green again, and the process exits 1 for its orchestrator to restart it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_engine_step_fails_its_request_and_exits_non_zero() {
+    let s = Server::start(&["--scheduler", "fcfs", "--engine-step-timeout", "1", "--debug-stall-on-token", "47000:600"]);
+    let t0 = Instant::now();
+    let (st, _, v) = post(&s.url("/v1/completions"), &json!({"prompt": [504, 47000, 314], "max_tokens": 4})).await;
+    assert_eq!(st, 500, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("stuck"), "{v}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "answered after {:?}", t0.elapsed());
+    if let Ok((code, body)) = common::ureq_get(&s.url("/health")) {
+        assert_eq!(code, 503, "{body}");
+    }
+    assert_eq!(s.wait_exit(Duration::from_secs(30)), Some(1), "exit code 1");
+    assert!(s.log_text().contains("made no progress"), "{}", s.log_text());
+}
+
+/// A second SIGTERM while the drain waits on a request that will not finish exits at once (1),
+/// where the first alone would wait for `--drain-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_ends_the_drain_at_once() {
+    let s = Server::start(&["--scheduler", "fcfs", "--drain-timeout", "300", "--engine-step-timeout", "0", "--debug-stall-on-token", "47000:300"]);
+    let url = s.url("/v1/completions");
+    let stuck = tokio::spawn(async move { post(&url, &json!({"prompt": [504, 47000, 314], "max_tokens": 4})).await });
+    eventually(&s, 30, "the request is admitted", |t| common::metric_value(t, "pace_prompt_tokens_total", &[]) >= 3.0).await;
+    s.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 503, "draining");
+    assert_eq!(s.wait_exit(Duration::from_secs(2)), None, "the first signal waits for the drain");
+    s.signal(libc::SIGTERM);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)), Some(1), "the second exits at once, with 1");
+    assert!(s.log_text().contains("second shutdown signal"), "{}", s.log_text());
+    stuck.abort();
+}
+
+/// A request whose logits come out NaN (`--debug-nan-on-token`) fails with a 500 that says so
+/// and is counted; a request in the same batch is served in full, and health stays green (the
+/// model step itself did not fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_finite_logits_fail_only_their_request_and_are_counted() {
+    let s = Server::start(&["--scheduler", "fcfs", "--debug-nan-on-token", "47000"]);
+    let url = s.url("/v1/completions");
+    let (poisoned, healthy) =
+        (json!({"prompt": [504, 47000, 314], "max_tokens": 4}), json!({"prompt": [504, 2000, 314], "max_tokens": 16, "ignore_eos": true}));
+    let (bad, good) = tokio::join!(post(&url, &poisoned), post(&url, &healthy));
+    assert_eq!(bad.0, 500, "{}", bad.2);
+    assert!(bad.2["error"]["message"].as_str().unwrap_or("").contains("not finite"), "{}", bad.2);
+    assert_eq!(good.0, 200, "{}", good.2);
+    assert_eq!(good.2["usage"]["completion_tokens"], 16, "{}", good.2);
+    assert_eq!(s.metric("pace_nonfinite_logits_total", &[]).await, 1.0);
+    assert_eq!(s.metric("pace_requests_total", &["finished_reason=\"error\""]).await, 1.0);
+    assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 200);
+    assert!(s.log_text().contains("not finite"), "{}", s.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_accepting_drains_in_flight_and_exits_zero() {
     let s = Server::start(&["--scheduler", "fcfs", "--drain-timeout", "60"]);
     let url = s.url("/v1/chat/completions");
     let inflight = tokio::spawn(async move {
-        stream(&url, &json!({"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 40, "ignore_eos": true, "stream": true})).await
+        stream(&url, &json!({"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 400, "ignore_eos": true, "stream": true})).await
     });
-    // Wait until it is running, then SIGTERM.
+    // Wait until it is running, then SIGTERM. (400 tokens take about 3 s here: the drain must
+    // still be under way when the late request comes; 40 took 0.3 s and raced it.)
     eventually(&s, 30, "the request starts", |t| common::metric_value(t, "pace_num_requests_running", &[]) >= 1.0).await;
     s.signal(libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -256,7 +310,7 @@ async fn sigterm_stops_accepting_drains_in_flight_and_exits_zero() {
     let (st, frames) = inflight.await.unwrap();
     assert_eq!(st, 200);
     assert_eq!(frames.last().unwrap().data, "[DONE]", "the in-flight stream completed");
-    assert_eq!(common::stream_text(&frames, 0).is_empty(), false);
+    assert!(!common::stream_text(&frames, 0).is_empty());
     assert_eq!(s.wait_exit(Duration::from_secs(30)), Some(0), "exit code 0");
 }
 

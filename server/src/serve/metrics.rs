@@ -39,6 +39,7 @@ const STEP_TOKENS: &str = "pace_iteration_tokens_total";
 const STEP_ERROR: &str = "pace_step_time_prediction_error_ratio";
 const LENGTH_ERROR: &str = "pace_output_length_prediction_error_ratio";
 const GRAMMAR_COMPILE: &str = "pace_structured_output_compile_seconds";
+const PREPARE: &str = "pace_request_preparation_seconds";
 
 /// Finish reasons as exported (`finished_reason` label values).
 pub const FINISH_REASONS: [&str; 6] = ["stop", "length", "abort", "dropped", "rejected", "error"];
@@ -141,7 +142,7 @@ pub fn reject_label(r: RejectReason) -> &'static str {
 }
 
 /// Rejection label values beyond the scheduler's reasons.
-pub const OTHER_REJECTIONS: [&str; 2] = ["draining", "loading"];
+pub const OTHER_REJECTIONS: [&str; 3] = ["draining", "loading", "preparing_full"];
 
 fn buckets_with(base: &[f64], extra: &[Option<f64>]) -> Vec<f64> {
     let mut b: Vec<f64> = base.to_vec();
@@ -193,6 +194,7 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
         .set_buckets_for_metric(Matcher::Full(STEP_ERROR.into()), &ratio)?
         .set_buckets_for_metric(Matcher::Full(LENGTH_ERROR.into()), &ratio)?
         .set_buckets_for_metric(Matcher::Full(GRAMMAR_COMPILE.into()), &[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])?
+        .set_buckets_for_metric(Matcher::Full(PREPARE.into()), &[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0])?
         .install_recorder()?;
     describe();
     // Counters exist from the start, so rates and alerts have series before the first event.
@@ -209,6 +211,7 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
     counter!("pace_prefix_cache_queries_total").absolute(0);
     counter!("pace_prefix_cache_hits_total").absolute(0);
     counter!("pace_http_connections_refused_total").absolute(0);
+    counter!("pace_nonfinite_logits_total").absolute(0);
     counter!("pace_prompt_tokens_total").absolute(0);
     counter!("pace_generation_tokens_total").absolute(0);
     counter!("pace_structured_output_masks_total").absolute(0);
@@ -274,11 +277,20 @@ fn describe() {
         "pace_http_connections_closed_total",
         "Connections the server closed: idle (no request for --header-timeout) or slots_full (idle longest, to make room for a new one)."
     );
+    describe_counter!(
+        "pace_nonfinite_logits_total",
+        "Requests failed (500, finish reason error) because the model's logits for them were not finite (NaN or +inf): a numerical fault, never sampled from."
+    );
     describe_counter!("pace_num_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
     describe_counter!("pace_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (every admitted prompt's tokens).");
     describe_counter!("pace_prefix_cache_hits_total", "Prompt tokens found in the prefix cache when their request started (not computed again).");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");
     describe_counter!("pace_generation_tokens_total", "Output tokens delivered, counted at delivery.");
+    describe_histogram!(
+        PREPARE,
+        Unit::Seconds,
+        "Preparing one request on the blocking pool: tokenizing, chat template, grammar (the wait for a turn not included)."
+    );
     describe_histogram!(GRAMMAR_COMPILE, Unit::Seconds, "Compiling a request's structured-output grammar (JSON schema, regex, choice, Lark), by kind.");
     describe_counter!("pace_structured_output_requests_total", "Requests with a structured-output grammar, by kind.");
     describe_counter!("pace_structured_output_masks_total", "Token masks computed for constrained outputs (one per constrained token).");
@@ -290,6 +302,11 @@ fn describe() {
         "pace_structured_output_errors_total",
         "Constrained outputs whose grammar stopped on an error (limits exceeded); each ended at once with EOS."
     );
+}
+
+/// A request prepared (tokenized, templated, its grammar compiled) in `secs`.
+pub fn record_preparation(secs: f64) {
+    histogram!(PREPARE).record(secs);
 }
 
 /// A request's grammar compiled in `secs`.
@@ -332,6 +349,11 @@ pub fn record_step(secs: f64, predicted_secs: f64, tokens: usize) {
     if secs > 0.0 && predicted_secs > 0.0 {
         histogram!(STEP_ERROR).record(predicted_secs / secs);
     }
+}
+
+/// `n` requests failed on logits that were not finite.
+pub fn record_broken_logits(n: usize) {
+    counter!("pace_nonfinite_logits_total").increment(n as u64);
 }
 
 /// The length model's error on one request that stopped by itself (expected over actual).

@@ -3,9 +3,10 @@
 //! Start-up binds the port first and answers `/health` with 503 while the model loads on another
 //! thread; then the engine thread starts and the phase becomes `Ready`. SIGTERM or SIGINT moves
 //! to `Draining`: new requests get 503, in-flight ones run to completion for up to
-//! `--drain-timeout` seconds, and the process exits 0. A panic while loading, or one that ends
-//! the engine thread, exits 1 (after the open requests have been answered with errors), so that
-//! an orchestrator restarts the process rather than keep a server that cannot serve.
+//! `--drain-timeout` seconds, and the process exits 0; a second signal exits 1 at once. A panic
+//! while loading, one that ends the engine thread or the accept loop, or an engine step stuck
+//! for `--engine-step-timeout` exits 1 (after the open requests have been answered with errors),
+//! so that an orchestrator restarts the process rather than keep a server that cannot serve.
 
 pub mod api;
 pub mod engine_thread;
@@ -61,15 +62,31 @@ pub struct ServeArgs {
     /// others by claiming a reader faster than any person (smooth feeds each stream at its rate).
     #[arg(long, default_value = "1,50", value_parser = parse_rate_range, env = "PACE_READING_RATE_RANGE")]
     pub reading_rate_range: (f64, f64),
+    /// The priorities a request may claim, `MIN,MAX` within -10..10 (vLLM's meaning: lower is
+    /// served first); a request's own is clamped into it. The default lets a client lower its
+    /// priority but not raise it over others; `-10,10` trusts clients as vLLM does.
+    #[arg(long, default_value = "0,10", value_parser = parse_priority_range, allow_hyphen_values = true, env = "PACE_PRIORITY_RANGE")]
+    pub priority_range: (i64, i64),
     /// Most requests waiting for admission; beyond it new requests get 429.
     #[arg(long, default_value_t = 512, env = "PACE_MAX_QUEUE_REQUESTS")]
     pub max_queue_requests: usize,
+    /// Most requests waiting for or in preparation (tokenizing, chat templates, grammars) at
+    /// once; beyond it new requests get 503 with Retry-After. Eight are prepared at a time; one
+    /// whose client leaves while it waits is dropped without being prepared.
+    #[arg(long, default_value_t = 512, env = "PACE_MAX_PREPARING")]
+    pub max_preparing: usize,
     /// Most prompt tokens waiting for admission; beyond it new requests get 429.
     #[arg(long, default_value_t = 1 << 19, env = "PACE_MAX_QUEUE_TOKENS")]
     pub max_queue_tokens: usize,
     /// API key required on inference routes (repeatable; also PACE_API_KEY, comma separated).
     #[arg(long = "api-key", env = "PACE_API_KEY", value_delimiter = ',', hide_env_values = true)]
-    pub api_key: Vec<String>,
+    pub api_key: Vec<Secret>,
+    /// Host names (comma separated; `*.example.com` for any subdomain) that inference requests
+    /// may name in `Host` or the HTTP/2 authority; any other is a 400. Guards a server on
+    /// 127.0.0.1 against DNS rebinding from a browser. `/health`, `/metrics` and `/version` are
+    /// exempt, for probes that address the server by IP. Default: any host.
+    #[arg(long, value_delimiter = ',', env = "PACE_ALLOWED_HOSTS")]
+    pub allowed_hosts: Vec<String>,
     /// Window of the goodput and attainment gauges, seconds.
     #[arg(long, default_value_t = 60.0, value_parser = parse_positive, env = "PACE_METRICS_WINDOW")]
     pub metrics_window: f64,
@@ -138,6 +155,12 @@ pub struct ServeArgs {
     /// Leave out the one line per finished request (`pace::request`), as vLLM's flag does.
     #[arg(long, env = "PACE_DISABLE_LOG_REQUESTS")]
     pub disable_log_requests: bool,
+    /// Seconds one engine step may run before the server counts the engine as hung (a
+    /// deadlocked kernel, an infinite loop): `/health` turns 503, every open request ends with
+    /// an error, and the process exits 1 for its orchestrator to restart it. 0: never (vLLM's
+    /// VLLM_ENGINE_ITERATION_TIMEOUT_S, 60 s, plays this part there).
+    #[arg(long, default_value_t = 60.0, value_parser = parse_non_negative, env = "PACE_ENGINE_STEP_TIMEOUT")]
+    pub engine_step_timeout: f64,
     /// Test hook: any engine step that feeds this token id panics inside the model step, to
     /// exercise failure handling end to end.
     #[arg(long, hide = true)]
@@ -150,10 +173,42 @@ pub struct ServeArgs {
     /// to make a stall the metrics must show while it happens.
     #[arg(long, hide = true, value_parser = parse_stall)]
     pub debug_stall_on_token: Option<(u32, f64)>,
+    /// Test hook: every request's preparation first sleeps this many seconds on its thread, to
+    /// make a queue of preparations.
+    #[arg(long, hide = true, value_parser = parse_positive)]
+    pub debug_prepare_stall: Option<f64>,
+    /// Test hook: the logits of any slice that feeds this token id are NaN, to exercise the
+    /// broken-logits path end to end.
+    #[arg(long, hide = true)]
+    pub debug_nan_on_token: Option<u32>,
     /// Append one JSON line per engine step (its shape, the cost model's prediction and the
     /// measured seconds) to this file, for studying the step-cost model offline.
     #[arg(long, hide = true, env = "PACE_STEP_TRACE")]
     pub step_trace: Option<std::path::PathBuf>,
+}
+
+/// A value that must never reach a log line: `Debug` prints `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value itself, for the one place that compares it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
 }
 
 /// `--log-level`.
@@ -210,7 +265,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let (state, slo) = prepare(args)?;
     // Two async workers; request preparation (tokenizing, templates) runs on a small blocking
     // pool beside them.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(8).thread_name("pace-http").enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(state::PREPARE_THREADS)
+        .thread_name("pace-http")
+        .enable_all()
+        .build()?;
     rt.block_on(serve(args.clone(), state, slo))
 }
 
@@ -222,6 +282,15 @@ pub fn in_process(args: &ServeArgs) -> Result<Arc<AppState>> {
     let (state, slo) = prepare(args)?;
     load(args, &state, slo, None)?;
     Ok(state)
+}
+
+/// `--priority-range MIN,MAX`: integers, -10 <= MIN <= MAX <= 10.
+fn parse_priority_range(s: &str) -> Result<(i64, i64), String> {
+    let (a, b) = s.split_once(',').ok_or("expected MIN,MAX")?;
+    match (a.trim().parse::<i64>(), b.trim().parse::<i64>()) {
+        (Ok(lo), Ok(hi)) if -10 <= lo && lo <= hi && hi <= 10 => Ok((lo, hi)),
+        _ => Err(format!("`{s}`: expected MIN,MAX with -10 <= MIN <= MAX <= 10")),
+    }
 }
 
 /// `--reading-rate-range MIN,MAX`: positive, finite, MIN <= MAX.
@@ -238,7 +307,7 @@ fn parse_rate_range(s: &str) -> Result<(f64, f64), String> {
 fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let source = ModelSource::parse(args.engine.model.as_deref())?;
     let names = if args.served_model_name.is_empty() { vec![source.default_name()] } else { args.served_model_name.clone() };
-    if args.api_key.iter().any(|k| k.is_empty()) {
+    if args.api_key.iter().any(|k| k.expose().is_empty()) {
         bail!("--api-key must not be empty");
     }
     let binary = match args.slo.binary()? {
@@ -254,7 +323,13 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let handle = metrics::install(&names[0], &args.scheduler, &slo)?;
     let config = ServeConfig {
         served_model_names: names,
-        api_keys: args.api_key.clone(),
+        allowed_hosts: args
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect(),
+        api_key_digests: args.api_key.iter().map(|k| <sha2::Sha256 as sha2::Digest>::digest(k.expose().as_bytes()).into()).collect(),
         max_body_bytes: args.max_body_bytes,
         body_timeout_s: args.body_timeout,
         sse_keepalive_s: args.sse_keepalive,
@@ -266,7 +341,10 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
         max_prompts: 64,
         default_class: slo.default_class,
         reading_rate_range: args.reading_rate_range,
+        priority_range: args.priority_range,
         max_queue_requests: args.max_queue_requests.max(1),
+        max_preparing: args.max_preparing.max(1),
+        prepare_stall_s: args.debug_prepare_stall.unwrap_or(0.0),
         drain_timeout_s: args.drain_timeout,
         unhealthy_after_failures: 3,
         seed: args.seed,
@@ -325,20 +403,33 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
         drain(&shutdown_state).await;
         let _ = drained_tx.send(());
     };
-    let server = tokio::spawn(listen::serve(listener, api::app(state.clone()), limits, shutdown, Duration::from_secs(2)));
+    let mut server = tokio::spawn(listen::serve(listener, api::app(state.clone()), limits, shutdown, Duration::from_secs(2)));
     tokio::select! {
+        biased;
         // Once drained, give open connections a moment to close, then leave.
         _ = drained_rx => {
-            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
         }
-        // The engine thread died: every open request has been ended with an error; give their
-        // handlers a moment to write it, then exit non-zero.
+        // The engine died (a panic, or a step the watchdog found stuck): every open request has
+        // been ended with an error; give their handlers a moment to write it, then exit non-zero.
         _ = fatal.notified() => {
             let deadline = Instant::now() + Duration::from_secs(2);
             while state.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            bail!("the engine thread panicked (see the error above); exiting so that the process is restarted");
+            bail!("the engine failed (see the error above); exiting so that the process is restarted");
+        }
+        // The accept loop ends only after a drain; ending before one (a panic in it) leaves a
+        // process that accepts nobody, so it must not look alive.
+        ended = &mut server => {
+            if state.phase() != Phase::Draining {
+                let why = match ended {
+                    Err(e) if e.is_panic() => format!("panicked: {}", crate::engine::panic_message(e.into_panic().as_ref())),
+                    Err(e) => e.to_string(),
+                    Ok(()) => "ended".to_string(),
+                };
+                bail!("the accept loop {why}; exiting so that the process is restarted");
+            }
         }
     }
     if let Some(l) = state.loaded.get() {
@@ -348,25 +439,37 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT, then drains: new requests get 503 while in-flight ones finish,
-/// for at most `--drain-timeout` seconds.
-async fn drain(state: &Arc<AppState>) {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Every SIGTERM and SIGINT from now on, one message each. One listener per signal for the
+/// process's life: a listener made after a signal could take that signal for a new one.
+fn shutdown_signals() -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    for kind in [tokio::signal::unix::SignalKind::terminate(), tokio::signal::unix::SignalKind::interrupt()] {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            let tx = tx.clone();
+            tokio::spawn(async move { while s.recv().await.is_some() && tx.send(()).is_ok() {} });
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
+    #[cfg(not(unix))]
+    tokio::spawn(async move { while tokio::signal::ctrl_c().await.is_ok() && tx.send(()).is_ok() {} });
+    rx
+}
+
+/// Waits for SIGTERM or SIGINT, then drains: new requests get 503 while in-flight ones finish,
+/// for at most `--drain-timeout` seconds. A second signal during the drain exits at once (1):
+/// an operator pressing Ctrl-C twice, or an orchestrator that has stopped waiting.
+async fn drain(state: &Arc<AppState>) {
+    let mut signals = shutdown_signals();
+    if signals.recv().await.is_none() {
+        // No signal can be listened to: run until killed.
+        std::future::pending::<()>().await;
+    }
+    tokio::spawn(async move {
+        if signals.recv().await.is_some() {
+            tracing::warn!("second shutdown signal: exiting now, without waiting for the drain");
+            std::process::exit(1);
+        }
+    });
     state.set_phase(Phase::Draining);
     let n = state.inflight.load(Ordering::Acquire);
     tracing::info!("shutting down: draining {n} in-flight requests (up to {} s)", state.config.drain_timeout_s);
@@ -438,8 +541,10 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
         .fail_on_token(args.debug_fail_on_token)
         .panic_on_token(args.debug_panic_on_token)
         .stall_on_token(args.debug_stall_on_token)
+        .nan_on_token(args.debug_nan_on_token)
         .step_trace(trace);
-    let engine = engine_thread::spawn(core, origin, on_fatal)?;
+    let step_timeout = (args.engine_step_timeout > 0.0).then(|| Duration::from_secs_f64(args.engine_step_timeout));
+    let engine = engine_thread::spawn(core, origin, on_fatal, step_timeout)?;
     let ok = state
         .loaded
         .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone(), grammars })
@@ -462,6 +567,15 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
+    }
+
+    /// An API key reaches no `Debug` output (a log line of the arguments, a panic message).
+    #[test]
+    fn api_keys_never_print() {
+        let a = Cli::try_parse_from(["serve", "--api-key", "sk-very-secret,other-key"]).unwrap().serve;
+        assert_eq!(a.api_key.iter().map(|k| k.expose()).collect::<Vec<_>>(), ["sk-very-secret", "other-key"]);
+        let shown = format!("{a:?}");
+        assert!(!shown.contains("very-secret") && !shown.contains("other-key"), "{shown}");
     }
 
     /// vLLM's spellings of the same knobs, and the environment (a flag on the command line wins).

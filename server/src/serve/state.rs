@@ -17,8 +17,10 @@ use super::metrics::Window;
 pub struct ServeConfig {
     /// Name(s) the model is served under (`model` must be one of them, when given).
     pub served_model_names: Vec<String>,
-    /// Accepted API keys; empty means no authentication.
-    pub api_keys: Vec<String>,
+    /// SHA-256 digests of the accepted API keys; empty means no authentication.
+    pub api_key_digests: Vec<[u8; 32]>,
+    /// Host names inference requests may name (`--allowed-hosts`, lower case); empty: any.
+    pub allowed_hosts: Vec<String>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Seconds a client has to send a request's body once its headers are in.
@@ -42,8 +44,15 @@ pub struct ServeConfig {
     pub default_class: SloClass,
     /// The reading rates a request may set (`--reading-rate-range`); others are clamped into it.
     pub reading_rate_range: (f64, f64),
+    /// The priorities a request may claim (`--priority-range`); others are clamped into it.
+    pub priority_range: (i64, i64),
     /// Queue bounds, checked before tokenizing (cheap pre-check; the scheduler checks again).
     pub max_queue_requests: usize,
+    /// Most requests waiting for or in preparation (tokenizing, templates, grammars) at once;
+    /// more get 503 with Retry-After (`--max-preparing`).
+    pub max_preparing: usize,
+    /// Test hook: seconds each preparation sleeps first (`--debug-prepare-stall`; 0: none).
+    pub prepare_stall_s: f64,
     /// Seconds to wait for in-flight requests after SIGTERM.
     pub drain_timeout_s: f64,
     /// Consecutive failed steps after which `/health` reports unhealthy.
@@ -103,12 +112,23 @@ pub struct AppState {
     pub created: u64,
     /// Unseeded requests so far (the position in the `--seed` sequence).
     unseeded: std::sync::atomic::AtomicU64,
+    /// Places for requests waiting for or in preparation (`max_preparing` of them).
+    pub preparing: Arc<tokio::sync::Semaphore>,
+    /// Preparations running at once: one per thread of the blocking pool, so that the queue is
+    /// here, where a request whose client has left simply drops out of it.
+    pub preparing_now: Arc<tokio::sync::Semaphore>,
+    /// Requests prepared so far (this server's share of `pace_request_preparation_seconds`).
+    pub prepared: std::sync::atomic::AtomicU64,
 }
+
+/// Threads of the blocking pool that prepares requests, and preparations run at once.
+pub const PREPARE_THREADS: usize = 8;
 
 impl AppState {
     /// New state in the `Loading` phase.
     pub fn new(config: ServeConfig, window: Window, metrics: PrometheusHandle) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let preparing = Arc::new(tokio::sync::Semaphore::new(config.max_preparing.max(1)));
         Self {
             config,
             phase: AtomicU8::new(Phase::Loading as u8),
@@ -118,6 +138,9 @@ impl AppState {
             inflight: AtomicUsize::new(0),
             created,
             unseeded: std::sync::atomic::AtomicU64::new(0),
+            preparing,
+            preparing_now: Arc::new(tokio::sync::Semaphore::new(PREPARE_THREADS)),
+            prepared: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

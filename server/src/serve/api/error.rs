@@ -146,7 +146,9 @@ impl ApiError {
         match reason {
             FinishReason::Stop | FinishReason::Length | FinishReason::Abort => None,
             FinishReason::Dropped => Some(Self::Dropped),
-            FinishReason::Error => Some(Self::Internal("the engine step that carried this request failed".into())),
+            FinishReason::Error => Some(Self::Internal(
+                "the engine failed on this request (a failed or stuck model step, or logits that were not finite; the server log says which)".into(),
+            )),
             FinishReason::Rejected => Some(Self::Overloaded { message: "rejected".into(), retry_after_s: 1.0 }),
         }
     }

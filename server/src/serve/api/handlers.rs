@@ -68,16 +68,35 @@ fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// Runs CPU-heavy request work (tokenization, chat templates) on tokio's blocking pool, so the
-/// async workers (two on a 2-core machine) keep answering `/health` and streaming tokens.
+/// Runs CPU-heavy request work (tokenization, chat templates, grammars) on tokio's blocking
+/// pool, so the async workers (two on a 2-core machine) keep answering `/health` and streaming
+/// tokens. The queue for it is bounded (`--max-preparing`: more is a 503) and lives here, in the
+/// handler: a request whose client leaves while it waits drops out of the queue with its
+/// handler, and is never prepared.
 async fn off_the_workers<T: Send + 'static>(
     state: &Arc<AppState>,
     work: impl FnOnce(&ServeConfig, &Loaded) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let Ok(place) = state.preparing.clone().try_acquire_owned() else {
+        metrics::record_rejected("preparing_full");
+        let n = state.config.max_preparing;
+        return Err(ApiError::Unavailable { message: format!("too many requests are being prepared ({n}); retry shortly"), retry_after_s: 1.0 });
+    };
+    let turn = state.preparing_now.clone().acquire_owned().await.map_err(|_| ApiError::Internal("request preparation is closed".into()))?;
     let state = state.clone();
-    tokio::task::spawn_blocking(move || match state.loaded.get() {
-        Some(l) => work(&state.config, l),
-        None => Err(ApiError::Unavailable { message: "the model is loading".into(), retry_after_s: 5.0 }),
+    tokio::task::spawn_blocking(move || {
+        let _held = (place, turn);
+        let t0 = std::time::Instant::now();
+        if state.config.prepare_stall_s > 0.0 {
+            std::thread::sleep(std::time::Duration::from_secs_f64(state.config.prepare_stall_s));
+        }
+        let out = match state.loaded.get() {
+            Some(l) => work(&state.config, l),
+            None => Err(ApiError::Unavailable { message: "the model is loading".into(), retry_after_s: 5.0 }),
+        };
+        metrics::record_preparation(t0.elapsed().as_secs_f64());
+        state.prepared.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        out
     })
     .await
     .map_err(|e| ApiError::Internal(format!("request preparation failed: {e}")))?
@@ -169,13 +188,15 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, ApiJson(req): ApiJso
     Ok(axum::Json(json!({"prompt": prompt})).into_response())
 }
 
-/// `GET /health`: 200 when serving; 503 while loading, draining, after a failed load, or while
-/// model steps keep failing.
+/// `GET /health`: 200 when serving; 503 while loading, draining, after a failed load, once the
+/// engine has stopped or hung, or while model steps keep failing.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     let (code, status) = match (state.phase(), state.loaded.get()) {
         (Phase::Ready, Some(l)) => {
             let failures = l.engine.gauges.consecutive_failures.load(std::sync::atomic::Ordering::Relaxed);
-            if l.engine.gauges.stopped.load(std::sync::atomic::Ordering::Acquire) {
+            if l.engine.gauges.hung.load(std::sync::atomic::Ordering::Acquire) {
+                (StatusCode::SERVICE_UNAVAILABLE, "engine hung: a step made no progress")
+            } else if l.engine.gauges.stopped.load(std::sync::atomic::Ordering::Acquire) {
                 (StatusCode::SERVICE_UNAVAILABLE, "engine stopped")
             } else if failures >= state.config.unhealthy_after_failures {
                 (StatusCode::SERVICE_UNAVAILABLE, "unhealthy: model steps are failing")

@@ -24,8 +24,8 @@ use error::ApiError;
 
 use super::state::AppState;
 
-/// The router: inference routes behind the API key (when one is set); `/health`, `/metrics` and
-/// `/version` stay open for probes and scrapers.
+/// The router: inference routes behind the Host check and the API key (when they are set);
+/// `/health`, `/metrics` and `/version` stay open for probes and scrapers.
 pub fn app(state: Arc<AppState>) -> Router {
     let inference = Router::new()
         .route("/v1/completions", post(handlers::completions))
@@ -33,7 +33,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(handlers::models))
         .route("/tokenize", post(handlers::tokenize))
         .route("/detokenize", post(handlers::detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .route_layer(middleware::from_fn_with_state(state.clone(), check_host));
     Router::new()
         .merge(inference)
         .route("/health", get(handlers::health))
@@ -76,10 +77,45 @@ async fn not_found(req: Request) -> Response {
     ApiError::NotFound(req.uri().path().to_string()).into_response()
 }
 
-/// Bearer-token check, constant time: both sides are hashed to equal length first, and every
-/// configured key is compared.
+/// The host a request names (the URI's authority, as HTTP/2 sends it, else `Host`), lower case,
+/// without its port or an IPv6 address's brackets.
+fn request_host(req: &Request) -> Option<String> {
+    let raw = match req.uri().host() {
+        Some(h) => h.to_string(),
+        None => req.headers().get(axum::http::header::HOST)?.to_str().ok()?.to_string(),
+    };
+    let host = match raw.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => raw.rsplit_once(':').map_or(raw.as_str(), |(h, _)| h),
+    };
+    Some(host.to_ascii_lowercase())
+}
+
+/// `--allowed-hosts`: whether `host` is one of them (`*.example.com` names any subdomain).
+pub fn host_allowed(allowed: &[String], host: &str) -> bool {
+    allowed
+        .iter()
+        .any(|a| a == host || a.strip_prefix("*.").is_some_and(|suffix| host.strip_suffix(suffix).is_some_and(|sub| sub.ends_with('.') && sub.len() > 1)))
+}
+
+/// With `--allowed-hosts`, an inference request naming any other host is a 400: a web page on
+/// a rebound DNS name cannot reach a server that listens on 127.0.0.1.
+async fn check_host(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let allowed = &state.config.allowed_hosts;
+    if allowed.is_empty() {
+        return next.run(req).await;
+    }
+    match request_host(&req) {
+        Some(h) if host_allowed(allowed, &h) => next.run(req).await,
+        h => ApiError::invalid(format!("the Host '{}' is not one this server answers for (--allowed-hosts)", h.unwrap_or_default()), None).into_response(),
+    }
+}
+
+/// Bearer-token check, constant time: the given token is hashed to the keys' length (only their
+/// SHA-256 digests are kept, so no key sits in memory a `Debug` could print), and every key is
+/// compared.
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if state.config.api_keys.is_empty() {
+    if state.config.api_key_digests.is_empty() {
         return next.run(req).await;
     }
     let given = req
@@ -90,8 +126,8 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
         .unwrap_or("");
     let given = Sha256::digest(given.as_bytes());
     let mut ok = subtle::Choice::from(0u8);
-    for key in &state.config.api_keys {
-        ok |= Sha256::digest(key.as_bytes()).ct_eq(&given);
+    for key in &state.config.api_key_digests {
+        ok |= key.as_slice().ct_eq(given.as_slice());
     }
     if bool::from(ok) {
         next.run(req).await

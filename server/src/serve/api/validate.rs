@@ -430,11 +430,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
     let (lo, hi) = cfg.reading_rate_range;
     let reading_rate = in_range("reading_rate", c.reading_rate, 0.0, 1e6, true)?.map_or(cfg.default_class.reading_rate, |r| r.clamp(lo, hi));
     let grace = in_range("ttft_grace", c.ttft_grace, 0.0, 3600.0, false)?.unwrap_or(cfg.default_class.grace);
-    let weight = match c.priority {
-        None => cfg.default_class.weight,
-        Some(p) if (-10..=10).contains(&p) => SloClass::priority_weight(p),
-        Some(p) => return Err(ApiError::param("priority", format!("priority must be an integer from -10 to 10 (lower is served first), got {p}"))),
-    };
+    let weight = priority_weight(c.priority, cfg.default_class.weight, cfg.priority_range)?;
     let cache_salt = match c.cache_salt.as_deref() {
         None => None,
         Some(s) if !s.is_empty() && s.len() <= 1024 => {
@@ -476,6 +472,18 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
     })
 }
 
+/// The weight of a request's `priority` (vLLM's meaning: lower is served first): any integer
+/// from -10 to 10 is valid, and is clamped into the operator's `--priority-range`, so that a
+/// client cannot claim more of the machine than the operator grants (by default it may only
+/// lower its own priority). No priority: the server's default weight.
+fn priority_weight(priority: Option<i64>, default_weight: f64, (lo, hi): (i64, i64)) -> Result<f64, ApiError> {
+    match priority {
+        None => Ok(default_weight),
+        Some(p) if (-10..=10).contains(&p) => Ok(SloClass::priority_weight(p.clamp(lo, hi))),
+        Some(p) => Err(ApiError::param("priority", format!("priority must be an integer from -10 to 10 (lower is served first), got {p}"))),
+    }
+}
+
 /// Checks each prompt against the context: non-empty, shorter than `max_model_len`, and with
 /// room for `max_tokens` after it. `param` names the prompt field (`prompt` or `messages`).
 fn check_lengths(prompts: &[Prompt], p: &GenParams, max_model_len: usize, param: &str) -> Result<(), ApiError> {
@@ -501,4 +509,21 @@ fn check_lengths(prompts: &[Prompt], p: &GenParams, max_model_len: usize, param:
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::priority_weight;
+
+    #[test]
+    fn a_clients_priority_is_clamped_into_the_operators_range() {
+        // The default range, 0 to 10: a client may lower its own priority, never raise it.
+        assert_eq!(priority_weight(Some(-10), 1.0, (0, 10)).unwrap(), 1.0);
+        assert_eq!(priority_weight(Some(-1), 1.0, (0, 10)).unwrap(), 1.0);
+        assert_eq!(priority_weight(Some(3), 1.0, (0, 10)).unwrap(), 0.125);
+        assert_eq!(priority_weight(None, 0.5, (0, 10)).unwrap(), 0.5);
+        // An operator who trusts its clients.
+        assert_eq!(priority_weight(Some(-2), 1.0, (-10, 10)).unwrap(), 4.0);
+        assert!(priority_weight(Some(11), 1.0, (-10, 10)).is_err());
+    }
 }
