@@ -244,6 +244,9 @@ async fn one_request_cannot_ask_for_unbounded_work() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 41}), "max_completion_tokens"),
         ("/v1/completions", json!({"prompt": "hi", "max_tokens": 2, "stop": ["x".repeat(2000)]}), "stop"),
         ("/v1/completions", json!({"prompt": vec!["a"; 200_000], "max_tokens": 1}), "prompt"),
+        // Every generated token is checked against the stop ids: 450,000 of them (under the
+        // body limit) were accepted and checked one by one.
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 2, "stop_token_ids": vec![7; 65]}), "stop_token_ids"),
         // 40,000 tools (3 MiB, under the body limit) took 18 s of a core to refuse when their
         // names were checked against each other; now the count is capped first.
         (

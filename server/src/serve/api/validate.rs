@@ -168,6 +168,9 @@ fn compile_grammar(g: Option<GrammarRequest>, p: &GenParams, l: &Loaded) -> Resu
     Ok(Some(c))
 }
 
+/// Most `stop_token_ids` a request may send (each generated token is checked against them).
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+
 /// Token ids from a request, each inside the vocabulary (400 naming `param` otherwise).
 pub fn token_ids(ids: &[i64], vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
     ids.iter()
@@ -413,7 +416,12 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
     if let Some(long) = stop.iter().find(|s| s.len() > cfg.max_stop_bytes) {
         return Err(ApiError::param("stop", format!("stop sequences may be at most {} bytes long, got one of {}", cfg.max_stop_bytes, long.len())));
     }
-    let stop_token_ids = token_ids(c.stop_token_ids.as_deref().unwrap_or_default(), vocab, "stop_token_ids")?;
+    let ids = c.stop_token_ids.as_deref().unwrap_or_default();
+    // Checked against every generated token: their number must stay a small constant.
+    if ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::param("stop_token_ids", format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed, got {}", ids.len())));
+    }
+    let stop_token_ids = token_ids(ids, vocab, "stop_token_ids")?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::param("stream_options", "stream_options is only allowed when stream is true"));
