@@ -72,7 +72,9 @@ struct AttnParams {
     scale_log2: f32,
 }
 const _: () = assert!(std::mem::size_of::<AttnParams>() == 10 * 8 + 10 * 4);
-// SAFETY: plain old data with the C layout of the kernels' parameter struct.
+// SAFETY: plain old data: `#[repr(C)]` with only u64, u32 and f32 fields and an explicit `pad`,
+// so no padding bytes (the size is asserted above), field for field the layout of
+// `pace::AttnParams`; its bytes are what the kernels receive as their by-value parameter.
 unsafe impl DeviceRepr for AttnParams {}
 
 /// Mirrors `pace::CacheParams` in kernels/cuda/common.cuh.
@@ -90,7 +92,8 @@ struct CacheParams {
     pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<CacheParams>() == 3 * 8 + 6 * 4);
-// SAFETY: as above.
+// SAFETY: as for `AttnParams`: `#[repr(C)]` plain old data with an explicit `pad` and no padding
+// bytes (size asserted above), laid out as `pace::CacheParams`.
 unsafe impl DeviceRepr for CacheParams {}
 
 /// The kernels, loaded on one device.
@@ -184,6 +187,13 @@ pub(crate) fn reshape_and_cache(
     if slots.dtype() != DType::U32 {
         bail!("reshape_and_cache: slots must be u32");
     }
+    // The kernel trusts these sizes (checked once per call, host side).
+    if kv_l.shape().elem_count() != num_slots * geo.kv_heads * geo.head_dim
+        || slots_l.shape().elem_count() != num_slots
+        || dst_l.shape().elem_count() != geo.elems()
+    {
+        bail!("reshape_and_cache: kv, slots or the cache do not fit {num_slots} slots of {geo:?}");
+    }
     let module = match dst.dtype() {
         DType::F16 | DType::BF16 => "reshape_and_cache_b16",
         DType::F32 => "reshape_and_cache_b32",
@@ -209,8 +219,12 @@ pub(crate) fn reshape_and_cache(
     };
     let cfg = LaunchConfig { grid_dim: (num_slots as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let stream = dev.cuda_stream();
-    // SAFETY: the parameters describe live device buffers of the sizes the kernel reads and
-    // writes; slots past the cache are skipped by the kernel.
+    // SAFETY: `reshape_and_cache_b16`/`_b32` take one `CacheParams` by value, as passed, and
+    // match the cache's element size (and kv's: same dtype, checked). Block `t < num_slots`
+    // reads `slots[t]` and kv row `t`: `slots` holds `num_slots` u32 and kv `num_slots *
+    // kv_heads * head_dim` elements (checked above). It skips slots `>= capacity`, so its writes
+    // land inside the cache's `geo.elems()` elements (checked above). The buffers are borrowed
+    // for this call and freed stream-ordered, after the kernel, on the device's one stream.
     unsafe { stream.launch_builder(&func).arg(&p).launch(cfg) }.w()?;
     Ok(())
 }
@@ -320,6 +334,11 @@ pub(crate) fn paged_attention(
     if g.block_size == 0 || heads % g.kv_heads != 0 {
         bail!("paged attention: {heads} query heads do not fit {} KV heads", g.kv_heads);
     }
+    // The kernels trust these sizes (the public entry point checks them too; checked again here,
+    // once per call, so that the launches' safety does not rest on it).
+    if q_l.shape().elem_count() != t * heads * d || CacheGeometry::of(k_cache)? != g || CacheGeometry::of(v_cache)? != g {
+        bail!("paged attention: q {:?} or the caches do not fit the metadata's {g:?}", q_l.shape());
+    }
     let (cn, qn) = (dtype_name(cache_dt)?, dtype_name(q_dt)?);
     let dev = q.device.clone();
     let k = kernels(&dev)?;
@@ -328,9 +347,17 @@ pub(crate) fn paged_attention(
     let plan = plan(meta, group, use_mma, &dev)?;
 
     let out_len = t * heads * d;
+    // `alloc` returns uninitialised memory, and every element of `out` is written before
+    // anything reads it: the plan puts each sequence's query tokens either in the SIMT work list
+    // (a block per token, KV head and group chunk, writing its rows of `out` directly or through
+    // pa_reduce) or in tensor-core tiles covering all its `qlen * group` rows for every KV head.
+    // With `t == 0` the one placeholder element is never read.
     let out: CudaStorage = match q_dt {
+        // SAFETY: uninitialised f32 output that the launches below fill before any read (see above).
         DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(out_len.max(1))? }, dev.clone()),
+        // SAFETY: as for f32, in f16.
         DType::F16 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::f16>(out_len.max(1))? }, dev.clone()),
+        // SAFETY: as for f32, in bf16 (`dtype_name` admitted no other dtype).
         _ => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(out_len.max(1))? }, dev.clone()),
     };
     let q_addr = address(q, q_l, "paged attention: q")?;
@@ -375,8 +402,11 @@ pub(crate) fn paged_attention(
         // Split-K scratch, released (stream-ordered) when this function returns. Uninitialised:
         // pa_reduce reads only the partitions the SIMT kernel wrote.
         let scratch = if parts > 1 {
-            // SAFETY: see above.
+            // SAFETY: uninitialised scratch (see above): pa_reduce reads only the partitions the
+            // SIMT kernel wrote, and both index `(work * heads + head) * parts + part < n * heads
+            // * parts` slots of `d` values.
             let o = unsafe { dev.alloc::<f32>(n * heads * parts * d)? };
+            // SAFETY: as for `o`, with two values (max, sum) a slot.
             let ml = unsafe { dev.alloc::<f32>(n * heads * parts * 2)? };
             p.part_out = slice_address(&o, &dev);
             p.part_ml = slice_address(&ml, &dev);
@@ -386,13 +416,21 @@ pub(crate) fn paged_attention(
         };
         let func = k.function(1, &format!("pa_simt_{cn}_{qn}_{d}_g{gmax}"))?;
         let cfg = LaunchConfig { grid_dim: (n as u32, (g.kv_heads * chunks) as u32, parts as u32), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: every address in `p` is a live buffer of the size the metadata describes;
-        // PagedAttentionMeta::new validated block tables and lengths against the cache.
+        // SAFETY: `pa_simt_*` takes one `AttnParams` by value, as passed, and is the
+        // instantiation for this cache dtype, q dtype, head size and group width. Every address
+        // in `p` is a live buffer on this device of the size the kernel indexes: q and `out`
+        // (`t * heads * d`, checked and allocated above), the caches (`geo.elems()`, geometry
+        // checked above, 16-byte aligned), the work list (`n` pairs) and, with `parts > 1`, the
+        // scratch. The block tables, context lengths and query offsets are the device copies of
+        // the host metadata `PagedAttentionMeta::new` validated against this geometry (they are
+        // public fields: this rests on callers not replacing them). All launches go to the
+        // device's one stream, so the buffers outlive the kernel.
         unsafe { stream.launch_builder(&func).arg(&p).launch(cfg) }.w()?;
         if parts > 1 {
             let func = k.function(1, &format!("pa_reduce_{qn}"))?;
             let cfg = LaunchConfig { grid_dim: (n as u32, heads as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: as above; the partials were written by the launch before, on this stream.
+            // SAFETY: as for the SIMT launch (same `p`); `pa_reduce_*` reads the partials the
+            // SIMT launch wrote, ordered before it on this stream, and writes `out`.
             unsafe { stream.launch_builder(&func).arg(&p).launch(cfg) }.w()?;
         }
         drop(scratch);
@@ -403,7 +441,9 @@ pub(crate) fn paged_attention(
         p.num_parts = 1;
         let func = k.function(2, &format!("pa_mma_{cn}_{qn}_{d}"))?;
         let cfg = LaunchConfig { grid_dim: (plan.mma_len as u32, g.kv_heads as u32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: as above.
+        // SAFETY: as for the SIMT launch, with the tensor-core work list (`mma_len` pairs) in
+        // `p.work` and no scratch (`num_parts == 1`); `pa_mma_*` is the instantiation for these
+        // dtypes and head size.
         unsafe { stream.launch_builder(&func).arg(&p).launch(cfg) }.w()?;
     }
     Ok((out, Shape::from((t, heads, d))))
@@ -425,15 +465,18 @@ pub(crate) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     let k = kernels(&dev)?;
     let func = k.function(3, name)?;
     let src = address(s, l, "argmax_rows: logits")?;
-    // SAFETY: the kernel writes every one of the `rows` elements before anything reads them.
+    // SAFETY: `alloc` returns uninitialised memory; the kernel below writes every one of the
+    // `rows` elements before anything reads them (with `rows == 0` the placeholder is unread).
     let out = unsafe { dev.alloc::<u32>(rows.max(1))? };
     if rows > 0 {
         let dst = slice_address(&out, &dev);
         let cols = cols as u32;
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let stream = dev.cuda_stream();
-        // SAFETY: `src` holds rows x cols contiguous elements of the kernel's dtype and `dst`
-        // `rows` u32s; the kernel reads and writes nothing else.
+        // SAFETY: `argmax_*(logits, out, cols)` takes a device pointer, a device pointer and a
+        // u32, as passed. `src` holds `rows x cols` contiguous elements of the kernel's dtype
+        // (`address` checked the layout is contiguous) and `dst` `rows` u32s; one block per row
+        // reads its row and writes its element, nothing else.
         unsafe { stream.launch_builder(&func).arg(&src).arg(&dst).arg(&cols).launch(cfg) }.w()?;
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
@@ -473,7 +516,10 @@ pub(crate) fn prepare(dev: &Device) -> Result<()> {
         if let Some(why) = crate::device::shared_stream_problem(raw) {
             bail!("{why}: create the device with Device::new_cuda_with_stream (pace_kernels::device::open_cuda)");
         }
-        // SAFETY: see above: every tensor of this device lives on its one stream.
+        // SAFETY: event tracking only orders a tensor's uses across streams. Every tensor of
+        // this device lives on its one explicit stream (`shared_stream_problem` just confirmed
+        // the device has one, and pace launches everything on it), so no tensor is freed,
+        // used or written from another stream, which is what candle asks of the caller.
         unsafe { d.disable_event_tracking() };
         kernels(d)?;
     }

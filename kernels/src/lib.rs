@@ -9,6 +9,13 @@
 //!   device's name), answered without `#[cfg]` at the call sites.
 //! - [`sample`]: greedy token choice with one tie rule on every device (`argmax_rows`: a CPU
 //!   forward and the GPU kernel of kernels/cuda/sample.cu).
+//!
+//! Every `unsafe` block and impl states why it is sound in a `// SAFETY:` comment (enforced by
+//! the lint below), and every `unsafe fn` its callers' obligations in a `# Safety` section. The
+//! safe functions that hand caller-supplied slices to raw-pointer kernels check the lengths those
+//! kernels rely on once, on entry.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod attention;
 #[cfg(feature = "cuda")]

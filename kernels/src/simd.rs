@@ -6,6 +6,10 @@ use std::arch::x86_64::*;
 
 /// exp(x) for x clamped to [-87, 88]: range reduction by ln 2 and a degree-6 polynomial
 /// (Cephes' coefficients), relative error about 2e-7.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (as [`crate::cpu_has_avx2`] reports); callers are
+/// `#[target_feature(enable = "avx2,fma,f16c")]` functions, reached only after that check.
 #[inline(always)]
 pub(crate) unsafe fn exp(x: __m256) -> __m256 {
     let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
@@ -27,7 +31,11 @@ pub(crate) unsafe fn exp(x: __m256) -> __m256 {
     _mm256_mul_ps(_mm256_mul_ps(p, a), b)
 }
 
-/// `out = g * sigmoid(g) * u`, elementwise.
+/// `out = g * sigmoid(g) * u`, elementwise, over the first `min(g.len(), u.len(), out.len())`
+/// elements (the vector loads and stores stay below that bound, so any lengths are fine).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C: call it only when [`crate::cpu_has_avx2`] is true.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = g.len().min(u.len()).min(out.len());
@@ -48,6 +56,9 @@ pub(crate) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
 }
 
 /// Sum of the eight lanes, added in a fixed order.
+///
+/// # Safety
+/// The CPU must support AVX (every caller runs under [`crate::cpu_has_avx2`]).
 #[inline(always)]
 pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -57,6 +68,9 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
 }
 
 /// Largest of the eight lanes.
+///
+/// # Safety
+/// The CPU must support AVX (every caller runs under [`crate::cpu_has_avx2`]).
 #[inline(always)]
 pub(crate) unsafe fn hmax(v: __m256) -> f32 {
     let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -67,6 +81,9 @@ pub(crate) unsafe fn hmax(v: __m256) -> f32 {
 
 /// Eight horizontal sums at once: lane i of the result is the sum of `v[i]`'s lanes, always
 /// added as ((0+1)+(2+3)) + ((4+5)+(6+7)), whatever the other vectors hold.
+///
+/// # Safety
+/// The CPU must support AVX (every caller runs under [`crate::cpu_has_avx2`]).
 #[inline(always)]
 pub(crate) unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
     let a = _mm256_hadd_ps(v[0], v[1]);

@@ -102,15 +102,27 @@ struct Item {
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: work items write disjoint (token, head) rows of the output.
+// SAFETY: the pointer is only dereferenced inside `paged_attention`'s parallel loop, whose work
+// items write disjoint (token, head) rows of an `out` the function borrows mutably until every
+// item has finished; moving it to another thread is then sound.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: the threads sharing it write disjoint rows, and nothing reads them until
+// the parallel loop has returned.
 unsafe impl Sync for OutPtr {}
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Paged attention over a ragged batch. `q` and `out` are `t x heads x head_dim` (f32).
+/// Paged attention over a ragged batch. `q` and `out` are `t x heads x head_dim` (f32), with
+/// `t` the last entry of `meta.cu_seqlens_q`; `k_cache` and `v_cache` hold `geo.elems()`
+/// values each.
+///
+/// # Panics
+/// If the metadata fails [`AttentionMeta::validate`] against `geo`, or a slice has the wrong
+/// length. Both are checked once per call, on entry: the AVX2 kernel reads the caches through
+/// raw pointers on the strength of them (the op's caller validated the metadata already; this
+/// function is public and must not rely on that).
 #[allow(clippy::too_many_arguments)] // the kernel's inputs, as the CUDA one takes them
 pub fn paged_attention<E: KvElem>(
     q: &[f32],
@@ -122,6 +134,17 @@ pub fn paged_attention<E: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
+    let t = meta.cu_seqlens_q.last().map_or(0, |&n| n as usize);
+    if let Err(e) = meta.validate(geo, t) {
+        panic!("paged_attention: {e}");
+    }
+    let rows_len = t.checked_mul(heads).and_then(|n| n.checked_mul(geo.head_dim));
+    assert!(rows_len == Some(q.len()) && rows_len == Some(out.len()), "paged_attention: q and out must be t x heads x head_dim");
+    let cache_len = geo.num_blocks.checked_mul(geo.kv_heads).and_then(|n| n.checked_mul(geo.block_size)).and_then(|n| n.checked_mul(geo.head_dim));
+    assert!(
+        cache_len == Some(k_cache.len()) && cache_len == Some(v_cache.len()),
+        "paged_attention: the caches must be num_blocks x kv_heads x block_size x head_dim"
+    );
     let group = heads / geo.kv_heads;
     let mut items = Vec::new();
     for s in 0..meta.num_seqs() {
@@ -151,8 +174,16 @@ pub fn paged_attention<E: KvElem>(
         if crate::cpu_has_avx2() {
             let rows: Vec<(usize, usize)> =
                 (it.q0..it.q1).flat_map(|tok| (0..group).map(move |hh| (tok * heads + it.kv_head * group + hh, first_pos + (tok - start) + 1))).collect();
-            // SAFETY: features detected; every key index < visible lies in a block of `table`
-            // (checked by AttentionMeta::validate); each output row belongs to this item alone.
+            // SAFETY: `cpu_has_avx2()` confirmed AVX2, FMA and F16C. `validate` (on entry)
+            // gives `qlen <= ctx`, so each row's visible count `first_pos + (tok - start) + 1`
+            // is at most `ctx`, and `table` holds `ctx.div_ceil(block_size)` blocks, all below
+            // `num_blocks`: every key read lies inside the caches, which hold `geo.elems()`
+            // values (checked on entry), and `block_size >= 1` (`validate` divides by it).
+            // Each row index `tok * heads + kv_head * group + hh < t * heads`, so its
+            // `head_dim` values lie inside `q` and `out` (lengths checked on entry). The items
+            // split the tokens of disjoint sequence ranges (`cu_seqlens_q` is non-decreasing)
+            // by KV head, so no other item touches these rows of `out`, which stays borrowed
+            // until the loop ends.
             unsafe { avx2::attend_item(q, k_cache, v_cache, geo, table, it.kv_head, &rows, scale, optr.0) };
             return;
         }
@@ -165,7 +196,10 @@ pub fn paged_attention<E: KvElem>(
                 for hh in 0..group {
                     let h = it.kv_head * group + hh;
                     let qv = &q[(tok * heads + h) * d..(tok * heads + h + 1) * d];
-                    // SAFETY: each (tok, h) output row is written by exactly one item.
+                    // SAFETY: `tok < t` and `h < heads`, so the row's `d` values lie inside `out`
+                    // (`t * heads * d` long, checked on entry, borrowed until the loop ends), and
+                    // no other reference to them exists: each (tok, h) row belongs to exactly
+                    // one item (see the AVX2 branch) and this slice ends with the iteration.
                     let o = unsafe { std::slice::from_raw_parts_mut(optr.0.add((tok * heads + h) * d), d) };
                     attend_one(qv, k_cache, v_cache, geo, table, it.kv_head, visible, scale, &mut sc[..visible], o);
                 }
@@ -224,6 +258,9 @@ mod avx2 {
     }
 
     /// exp of one value through the vector routine (same rounding as the vector lanes).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA (callers run under `cpu_has_avx2`).
     #[inline(always)]
     unsafe fn exp1(x: f32) -> f32 {
         _mm256_cvtss_f32(crate::simd::exp(_mm256_set1_ps(x)))
@@ -236,6 +273,17 @@ mod avx2 {
     /// shared by every row of the item (the query heads of the group, the tokens of a chunk).
     /// Each row keeps its own online-softmax state, updated by the same operations in the same
     /// order whatever the other rows are, so a row's result does not depend on the batch.
+    ///
+    /// # Safety
+    /// - The CPU must support AVX2, FMA and F16C (`cpu_has_avx2` is true).
+    /// - `geo.block_size >= 1`, `g < geo.kv_heads`, and `k_cache` and `v_cache` hold
+    ///   `geo.elems()` values each.
+    /// - With `max_vis` the largest visible count in `rows`: `table` holds at least
+    ///   `max_vis.div_ceil(block_size)` entries, each below `geo.num_blocks` (the blocks are
+    ///   read unchecked).
+    /// - For every `(row, _)` in `rows`: `(row + 1) * head_dim <= q.len()`, and `out` is valid
+    ///   for writes of `head_dim` values at `row * head_dim`, which nobody else accesses during
+    ///   the call.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_item<E: KvElem>(
@@ -384,6 +432,10 @@ mod avx2 {
     /// into `scores`; returns their maximum. Each score is the same chain of eight FMAs, then
     /// the same horizontal sum, as the generic path: only the loads differ (the query row stays
     /// in registers instead of being reloaded for every key).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `qp` must have 64 readable values, `kf`
+    /// `nk * 64`, and `scores.len() >= nk` (the vector stores are unchecked).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_64(qp: *const f32, kf: *const f32, nk: usize, scale_v: __m256, scale: f32, scores: &mut [f32]) -> f32 {
@@ -414,6 +466,10 @@ mod avx2 {
     }
 
     /// Replaces `scores[..nk]` by `exp(score - m)` and returns their sum.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `scores.len() >= nk` (the vector loads and
+    /// stores are unchecked).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn exp_scores(scores: &mut [f32], nk: usize, m: f32) -> f32 {
@@ -438,6 +494,10 @@ mod avx2 {
 
     /// `acc = acc * alpha + sum_j p[j] * v[j]` over one row of 64, keys in order (each element
     /// sees the same FMAs in the same order as the generic path), the row held in registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `acc` must be valid for reads and writes of 64
+    /// values, and `vf` for reads of `p.len() * 64`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn accumulate_64(acc: *mut f32, alpha: f32, p: &[f32], vf: *const f32) {
@@ -453,5 +513,37 @@ mod avx2 {
         for (c, ac) in a.iter().enumerate() {
             _mm256_storeu_ps(acc.add(8 * c), *ac);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GEO: CacheGeometry = CacheGeometry { num_blocks: 2, kv_heads: 1, block_size: 4, head_dim: 8 };
+
+    fn run(block: u32, q_len: usize) {
+        let meta = AttentionMeta { cu_seqlens_q: &[0, 1], context_lens: &[3], block_tables: &[block], max_blocks: 1 };
+        let cache = vec![0f32; GEO.elems()];
+        let mut out = vec![0f32; 8];
+        paged_attention(&vec![0f32; q_len], &cache, &cache, &GEO, &meta, 1, 1.0, &mut out);
+    }
+
+    #[test]
+    fn valid_input_runs() {
+        run(1, 8);
+    }
+
+    /// Block 5 of a 2-block cache: the kernel would read past the caches.
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn block_outside_the_cache_is_refused() {
+        run(5, 8);
+    }
+
+    #[test]
+    #[should_panic(expected = "q and out")]
+    fn short_q_is_refused() {
+        run(1, 4);
     }
 }

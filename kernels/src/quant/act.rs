@@ -32,7 +32,7 @@ pub(super) fn padded_blocks(nb: usize) -> usize {
 impl QuantizedActs {
     /// Quantizes `x` (`t` rows of `k` values, row-major) into `self`, reusing its buffers.
     pub fn quantize_into(&mut self, x: &[f32], t: usize, k: usize) {
-        assert!(k.is_multiple_of(QK) && x.len() == t * k, "activations must be t x k with k % 32 == 0");
+        assert!(k.is_multiple_of(QK) && t.checked_mul(k) == Some(x.len()), "activations must be t x k with k % 32 == 0");
         let (nb, ns) = (k / QK, padded_blocks(k / QK));
         self.t = t;
         self.k = k;
@@ -47,7 +47,10 @@ impl QuantizedActs {
             let (d, s) = (&mut self.d[r * ns..r * ns + nb], &mut self.s[r * ns..r * ns + nb]);
             #[cfg(target_arch = "x86_64")]
             if super::avx2::available() {
-                // SAFETY: AVX2 and FMA were detected at run time.
+                // SAFETY: `avx2::available()` (`cpu_has_avx2`) confirmed AVX2, FMA and F16C, the
+                // features `quantize_acts` is compiled for. `x` and `qs` are this row's `k`-element
+                // slices, so its 32-value block loads from `x` and stores to `qs` stay inside both;
+                // `d` and `s` it indexes with bounds checks.
                 unsafe { super::avx2::quantize_acts(x, qs, d, s) };
                 continue;
             }

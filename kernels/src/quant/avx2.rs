@@ -18,7 +18,14 @@ use crate::simd::hsum8;
 
 pub(super) use crate::cpu_has_avx2 as available;
 
-/// Quantizes activations block by block (see [`super::QuantizedActs`]).
+/// Quantizes activations block by block (see [`super::QuantizedActs`]): `x.len() / 32` blocks,
+/// into `qs`, `d` and `s`.
+///
+/// # Safety
+/// - The CPU must support AVX2, FMA and F16C ([`available`] is true).
+/// - `qs.len() >= x.len() / 32 * 32`: each block's 32 bytes are stored through a raw pointer.
+///   (`d` and `s` are indexed with bounds checks, so their lengths are the caller's to get
+///   right but not a safety matter.)
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     let sign = _mm256_set1_ps(-0.0);
@@ -62,6 +69,15 @@ pub(super) unsafe fn quantize_acts(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
 /// byte per weight, `nb * 32` bytes per row, in the order [`q4_tile`] reads: each pair of blocks
 /// as its 32 low nibbles (weights 0-15 of both) then its 32 high nibbles (weights 16-31); an odd
 /// last block as its low then its high nibbles.
+///
+/// # Safety
+/// - The CPU must support AVX2, FMA and F16C ([`available`] is true).
+/// - For every `r < rows`, the `nb * 16` bytes at `qs + r * row_stride` are readable (one
+///   packed Q4 row each).
+/// - `out.len() >= rows * nb * 32`.
+///
+/// The prefetch of the next row tile uses a wrapping address and never dereferences it, so it
+/// may point past the matrix.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn unpack_q4(qs: *const u8, row_stride: usize, rows: usize, nb: usize, out: &mut [u8]) {
     let mask = _mm256_set1_epi8(0x0F);
@@ -91,6 +107,10 @@ pub(super) unsafe fn unpack_q4(qs: *const u8, row_stride: usize, rows: usize, nb
 /// Reorders quantized activations (`t` rows of `k`) for [`q4_tile`]: in each pair of blocks the
 /// first block's high half (values 16-31) and the second's low half (values 0-15) swap places,
 /// so the pair reads as its two low halves, then its two high halves. An odd last block stays.
+///
+/// # Safety
+/// - The CPU must support AVX2, FMA and F16C ([`available`] is true).
+/// - `qs.len() >= t * k` (row `row` is read and written at `row * k .. row * k + k / 32 * 32`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pair_acts(qs: &mut [i8], t: usize, k: usize) {
     let nb = k / QK;
@@ -108,6 +128,19 @@ pub(super) unsafe fn pair_acts(qs: &mut [i8], t: usize, k: usize) {
 }
 
 /// Shared arguments of a tile call.
+///
+/// The kernels taking a `Tile` ([`q4_rows`], [`q8_rows`]) read and write through its raw
+/// pointers without bounds checks; their `# Safety` sections list what the pointers must cover.
+/// With `R` rows and `ntok` tokens:
+/// - `qs`: for each row `r < R`, its weights at `qs + r * row_stride`: `nb * 16` bytes (Q4
+///   packed), `nb * 32` bytes (Q4 `UNPACKED`, Q8).
+/// - `wd` (and `wm` for Q4): `R * nb + 7` readable f16 values (eight are loaded from any block
+///   of any of the rows; the matrix's [`super::SCALE_PAD`] zeros cover the last row's).
+/// - `xq`: for each token `c < ntok`, `nb * 32` readable values at `xq + c * k`.
+/// - `xd`, `xs`: for each token, `ns` readable values at `c * ns`, with `ns` a multiple of 8
+///   and `>= nb` (eight are loaded from every eighth block).
+/// - `y`: writable at `c * ldy + r` for `r < R`, `c < ntok`, and accessed by nobody else
+///   during the call.
 #[derive(Clone, Copy)]
 pub(super) struct Tile {
     /// Weights of the tile's first row; rows follow at `row_stride` bytes. Q4: packed nibbles
@@ -121,7 +154,8 @@ pub(super) struct Tile {
     pub wm: *const half::f16,
     /// Blocks per row.
     pub nb: usize,
-    /// Stride of the scale arrays (weights' and activations'), a multiple of 8.
+    /// Stride of the activations' scale arrays (`xd`, `xs`) per token, a multiple of 8 and at
+    /// least `nb` (the weights' own scales are `nb` a row).
     pub ns: usize,
     /// Quantized activations of the tile's first token; tokens follow at `k` values.
     pub xq: *const i8,
@@ -150,6 +184,10 @@ static TAIL_MASK: [[u16; 8]; 9] = {
 
 /// The first `n` of eight f16 values at `p` as f32, the rest zero (`p` may point up to seven
 /// values before the end of a padded scale array).
+///
+/// # Safety
+/// The CPU must support AVX and F16C, and the eight f16 values (16 bytes) at `p` must be
+/// readable, whatever `n` is (the mask is applied after the load). `n <= 8` is checked.
 #[inline(always)]
 unsafe fn load_scales8(p: *const half::f16, n: usize) -> __m256 {
     let v = _mm_loadu_si128(p as *const __m128i);
@@ -159,6 +197,11 @@ unsafe fn load_scales8(p: *const half::f16, n: usize) -> __m256 {
 
 /// Scale products `dw[r][b] * xd[c][b]` for the (up to) eight blocks from `b0`, the weights'
 /// scales converted here from the matrix's f16 scales.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `t.wd` must have eight readable values at
+/// `r * t.nb + b0` for every `r < R`, and `t.xd` eight at `c * t.ns + b0` for every `c < C`
+/// (see [`Tile`]).
 #[inline(always)]
 unsafe fn scale_products<const R: usize, const C: usize>(t: &Tile, b0: usize, n: usize, sc: &mut [[[f32; 8]; C]; R]) {
     for (r, scr) in sc.iter_mut().enumerate() {
@@ -172,6 +215,11 @@ unsafe fn scale_products<const R: usize, const C: usize>(t: &Tile, b0: usize, n:
 
 /// Reduces each accumulator to its sum and writes tile output (r, c). Sums go through [`hsum8`],
 /// whose per-vector order does not depend on the other vectors, so every tile shape rounds alike.
+///
+/// # Safety
+/// The CPU must support AVX; `t.y` must be writable at `c * t.ldy + r` for every `r < R`,
+/// `c < C`, with no other access during the call. `R * C <= 16` (checked by the indexing of
+/// `flat`).
 #[inline(always)]
 unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile, acc: &[[__m256; C]; R]) {
     let mut flat = [_mm256_setzero_ps(); 16];
@@ -194,6 +242,10 @@ unsafe fn store_tile<const R: usize, const C: usize>(t: &Tile, acc: &[[__m256; C
 
 impl Tile {
     /// The same rows, from `c` tokens further on.
+    ///
+    /// # Safety
+    /// Token `c` must be one the tile covers (`c < ntok`, see [`Tile`]), so that every offset
+    /// pointer stays inside its buffer.
     #[inline(always)]
     unsafe fn at(&self, c: usize) -> Tile {
         Tile { xq: self.xq.add(c * self.k), xd: self.xd.add(c * self.ns), xs: self.xs.add(c * self.ns), y: self.y.add(c * self.ldy), ..*self }
@@ -202,6 +254,13 @@ impl Tile {
 
 /// `R` rows of Q4 weights against `ntok` tokens, [`TOKENS`] at a time (one call per row tile,
 /// so the tiles of a row tile share one set-up).
+///
+/// # Safety
+/// - The CPU must support AVX2, FMA and F16C ([`available`] is true).
+/// - `t` covers `R` rows of Q4 weights (packed, or unpacked when `UNPACKED`) and `ntok`
+///   tokens as the [`Tile`] docs list, and `t.wm` is the matrix's offsets.
+/// - `t.xq` holds the activations reordered by [`pair_acts`] (otherwise the result is wrong,
+///   though nothing is read out of bounds).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_rows<const R: usize, const UNPACKED: bool>(t: &Tile, ntok: usize) {
     let mut c = 0;
@@ -215,6 +274,11 @@ pub(super) unsafe fn q4_rows<const R: usize, const UNPACKED: bool>(t: &Tile, nto
 }
 
 /// `R` rows of Q8 weights against `ntok` tokens, as [`q4_rows`].
+///
+/// # Safety
+/// - The CPU must support AVX2, FMA and F16C ([`available`] is true).
+/// - `t` covers `R` rows of Q8 weights and `ntok` tokens as the [`Tile`] docs list (`t.wm` is
+///   not read).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_rows<const R: usize>(t: &Tile, ntok: usize) {
     let mut c = 0;
@@ -240,6 +304,10 @@ pub(super) unsafe fn q8_rows<const R: usize>(t: &Tile, ntok: usize) {
 /// The offset terms `m * d_x * Σq_x` of eight blocks go into the same accumulators, one FMA per
 /// (row, token) per eight blocks: an accumulator's lanes are summed at the end anyway, and a
 /// second set of accumulators would not fit in the sixteen registers.
+///
+/// # Safety
+/// As [`q4_rows`] with `ntok = C`. The prefetch of the rows two tiles ahead uses a wrapping
+/// address and never dereferences it, so it may point past the matrix.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile) {
@@ -322,6 +390,9 @@ unsafe fn q4_tile<const R: usize, const C: usize, const UNPACKED: bool>(t: &Tile
 }
 
 /// Q8 weights: `R` rows by `C` tokens.
+///
+/// # Safety
+/// As [`q8_rows`] with `ntok = C`; the prefetch is as in [`q4_tile`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // `j` indexes the block, the prefetch and `sc` alike

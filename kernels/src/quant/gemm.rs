@@ -38,8 +38,8 @@ thread_local! {
 /// # Panics
 /// If the slice lengths do not match the shapes (a caller bug, never input-dependent).
 pub fn matmul(w: &QuantMatrix, x: &[f32], t: usize, y: &mut [f32]) {
-    assert_eq!(x.len(), t * w.cols, "matmul: x has the wrong length");
-    assert_eq!(y.len(), t * w.rows, "matmul: y has the wrong length");
+    assert_eq!(Some(x.len()), t.checked_mul(w.cols), "matmul: x has the wrong length");
+    assert_eq!(Some(y.len()), t.checked_mul(w.rows), "matmul: y has the wrong length");
     if t == 0 {
         return;
     }
@@ -47,7 +47,9 @@ pub fn matmul(w: &QuantMatrix, x: &[f32], t: usize, y: &mut [f32]) {
         quantize_parallel(acts, x, t, w.cols);
         #[cfg(target_arch = "x86_64")]
         if w.format == QFormat::Q4 && super::avx2_available() {
-            // SAFETY: AVX2 detected; acts holds t x cols values.
+            // SAFETY: `avx2_available()` confirmed AVX2, FMA and F16C. `quantize_parallel` just
+            // sized `acts.qs` to `t * w.cols` (the product is `x.len()`, checked above, so it did
+            // not overflow), which is what `pair_acts` reads and writes.
             unsafe { super::avx2::pair_acts(&mut acts.qs, t, w.cols) };
         }
         matmul_quantized(w, acts, y);
@@ -90,14 +92,26 @@ fn quantize_parallel(acts: &mut QuantizedActs, x: &[f32], t: usize, k: usize) {
 /// Raw output pointer shared by the chunks, which write disjoint rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: chunks write disjoint output elements (distinct rows), and the pointer outlives them.
+// SAFETY: the pointer is only dereferenced inside `matmul_quantized`'s parallel loop, whose
+// chunks write disjoint output elements (distinct weight rows) of a `y` that the function
+// borrows mutably until every chunk has finished; moving it to another thread is then sound.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: the threads sharing it write disjoint elements, and nothing reads
+// them until the parallel loop has returned.
 unsafe impl Sync for OutPtr {}
 
 /// `y = acts · wᵀ` for already-quantized activations.
+///
+/// # Panics
+/// If `acts` and `y` do not fit `w` (checked once, here: the kernels below index through raw
+/// pointers on the strength of these checks, and `QuantizedActs`'s fields are public).
 pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f32]) {
-    assert_eq!(acts.k, w.cols);
-    assert_eq!(y.len(), acts.t * w.rows);
+    let nb = w.blocks_per_row();
+    assert_eq!(acts.k, w.cols, "matmul: activations have {} columns, the matrix {}", acts.k, w.cols);
+    assert_eq!(acts.ns, super::act::padded_blocks(nb), "matmul: activation scale stride is not padded_blocks(k / 32)");
+    assert!(acts.t.checked_mul(acts.k).is_some_and(|n| acts.qs.len() >= n), "matmul: quantized activations hold fewer than t x k values");
+    assert!(acts.t.checked_mul(acts.ns).is_some_and(|n| acts.d.len() >= n && acts.s.len() >= n), "matmul: activation scales hold fewer than t x ns values");
+    assert_eq!(Some(y.len()), acts.t.checked_mul(w.rows), "matmul: y has the wrong length");
     let units = w.rows.div_ceil(if acts.t == 1 { ROWS_GEMV } else { ROWS });
     // Small products (one decode token through a small matrix) are split once per thread:
     // finer pieces would cost more in scheduling than they could balance.
@@ -113,12 +127,24 @@ pub(crate) fn matmul_quantized(w: &QuantMatrix, acts: &QuantizedActs, y: &mut [f
             // The whole wrapper, not its bare (non-Send) pointer field.
             #[allow(clippy::redundant_locals)]
             let out = out;
-            compute_rows(w, acts, r0, r1, out.0);
+            // SAFETY: `out.0` is `y`'s pointer, `y` holds `acts.t * w.rows` values (checked
+            // above) and stays borrowed until the loop ends; chunk `ci` alone owns rows
+            // `r0..r1 <= w.rows` (the chunks' row ranges do not overlap); `acts` fits `w` as
+            // checked on entry.
+            unsafe { compute_rows(w, acts, r0, r1, out.0) };
         }
     });
 }
 
-fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: *mut f32) {
+/// Output rows `r0..r1` for every token.
+///
+/// # Safety
+/// - `y` is valid for writes of `acts.t * w.rows` f32 values (row-major, `w.rows` per token),
+///   and nobody else reads or writes rows `r0..r1` of it during the call.
+/// - `r0 <= r1 <= w.rows`.
+/// - `acts` fits `w` as [`matmul_quantized`] checks (`k`, `ns`, and the lengths of `qs`, `d`
+///   and `s`).
+unsafe fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: *mut f32) {
     let nb = w.blocks_per_row();
     let ns = super::act::padded_blocks(nb);
     UNPACKED.with(|unpacked| {
@@ -145,11 +171,15 @@ fn compute_rows(w: &QuantMatrix, acts: &QuantizedActs, r0: usize, r1: usize, y: 
                     let weights = if unpack {
                         unpacked.resize(ROWS * nb * QK, 0);
                         unpack_rows(w, rt, nr, &mut unpacked);
-                        Weights::Unpacked(&unpacked)
+                        Weights::Unpacked(&unpacked[..nr * nb * QK])
                     } else {
                         Weights::Packed
                     };
-                    run_tiles(w, acts, rt, nr, t0, t1 - t0, dw, mw, weights, y);
+                    // SAFETY: the caller's contract on `y`, `r0..r1` and `acts` covers this tile:
+                    // `1 <= nr <= rows <= 4` and `rt + nr <= r1 <= w.rows`; `t0 < t1 <= acts.t`;
+                    // unpacked weights are Q4 (`unpack` requires it) and `nr` rows long (sliced
+                    // just above).
+                    unsafe { run_tiles(w, acts, rt, nr, t0, t1 - t0, dw, mw, weights, y) };
                 }
             }
         })
@@ -179,20 +209,49 @@ enum Weights<'a> {
     Unpacked(&'a [u8]),
 }
 
+/// Unpacks Q4 rows `r..r+nr` into `out` (`nb * 32` bytes a row).
+///
+/// # Panics
+/// Unless `w` is Q4, the AVX2 kernels run here, rows `r..r+nr` exist and `out` holds them
+/// (checked once per call: a few comparisons against unpacking `nr` whole rows).
 fn unpack_rows(w: &QuantMatrix, r: usize, nr: usize, out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let nb = w.blocks_per_row();
-        // SAFETY: AVX2 checked by the caller; rows r..r+nr exist; out holds nr * nb * 32 bytes.
-        unsafe { super::avx2::unpack_q4(w.qs[r * w.row_bytes()..].as_ptr(), w.row_bytes(), nr, nb, out) };
+        assert!(w.format == QFormat::Q4 && super::avx2::available(), "unpack_rows: Q4 weights and AVX2 only");
+        let (nb, rb) = (w.blocks_per_row(), w.row_bytes());
+        let src = &w.qs[r * rb..(r + nr) * rb];
+        let out = &mut out[..nr * nb * QK];
+        // SAFETY: AVX2, FMA and F16C were confirmed just above. `src` holds the `nr` packed Q4
+        // rows of `rb = nb * 16` bytes that `unpack_q4` reads, and `out` the `nr * nb * 32`
+        // bytes it writes (both sliced with bounds checks).
+        unsafe { super::avx2::unpack_q4(src.as_ptr(), rb, nr, nb, out) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (w, r, nr, out);
 }
 
 /// Rows `r..r+nr` against tokens `tok..tok+ntok`.
+///
+/// # Safety
+/// - `y` is valid for writes of `acts.t * w.rows` f32 values, and nobody else reads or writes
+///   its elements (`tok..tok+ntok`, `r..r+nr`) during the call.
+/// - `1 <= nr <= 4` and `r + nr <= w.rows`; `ntok >= 1` and `tok + ntok <= acts.t`.
+/// - `acts` fits `w` as [`matmul_quantized`] checks.
+/// - `Weights::Unpacked(u)` only for Q4 weights, with `u` holding the `nr` rows unpacked
+///   (`u.len() >= nr * nb * 32`).
 #[allow(clippy::too_many_arguments)]
-fn run_tiles(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: usize, ntok: usize, dw: &[f32], mw: &[f32], weights: Weights<'_>, y: *mut f32) {
+unsafe fn run_tiles(
+    w: &QuantMatrix,
+    acts: &QuantizedActs,
+    r: usize,
+    nr: usize,
+    tok: usize,
+    ntok: usize,
+    dw: &[f32],
+    mw: &[f32],
+    weights: Weights<'_>,
+    y: *mut f32,
+) {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         use super::avx2::{q4_rows, q8_rows, Tile};
@@ -212,15 +271,22 @@ fn run_tiles(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: us
             xd: acts.d[tok * acts.ns..].as_ptr(),
             xs: acts.s[tok * acts.ns..].as_ptr(),
             k: acts.k,
-            // SAFETY: (tok, r) is inside y, which is acts.t x w.rows.
+            // SAFETY: `tok < acts.t` and `r < w.rows` (the contract), so element (tok, r) lies
+            // inside `y`'s `acts.t * w.rows` values.
             y: unsafe { y.add(tok * w.rows + r) },
             ldy: w.rows,
         };
         macro_rules! dispatch {
             ($f:ident $(, $u:expr)?) => {
-                // SAFETY: AVX2/FMA/F16C detected; the tile's rows, blocks and tokens are in
-                // bounds of the weight, activation and output buffers (checked by the caller's
-                // shape asserts and the loop bounds).
+                // SAFETY: `avx2::available()` confirmed AVX2, FMA and F16C. `t` covers what
+                // `Tile` requires for `nr` rows (`R = nr`, as `1 <= nr <= 4`) and `ntok`
+                // tokens: the weights are rows `r..r+nr <= w.rows` of the matrix (`row_bytes`
+                // each), or `u` holding them unpacked (the contract); `wd`/`wm` start at row
+                // `r` of scale arrays with `rows * nb + SCALE_PAD` entries, covering
+                // `nr * nb + 7`; `acts.k == w.cols`, `acts.ns == padded_blocks(nb)` and the
+                // lengths of `acts.qs`, `acts.d` and `acts.s` (checked by `matmul_quantized`)
+                // cover tokens `tok..tok+ntok <= acts.t`; and `y`'s elements for these rows and
+                // tokens are this call's alone.
                 unsafe {
                     match nr {
                         4 => $f::<4 $(, $u)?>(&t, ntok),
@@ -239,13 +305,20 @@ fn run_tiles(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: us
         return;
     }
     for tt in (tok..tok + ntok).step_by(TOKENS) {
-        run_tile_portable(w, acts, r, nr, tt, TOKENS.min(tok + ntok - tt), dw, mw, y);
+        // SAFETY: rows `r..r+nr` and tokens `tt..tt+nc`, `nc = min(TOKENS, tok + ntok - tt)`, lie
+        // within this call's, which the contract gives to it alone inside `y`.
+        unsafe { run_tile_portable(w, acts, r, nr, tt, TOKENS.min(tok + ntok - tt), dw, mw, y) };
     }
 }
 
 /// The portable kernels: `nr` rows against `nc` tokens from `tok`.
+///
+/// # Safety
+/// `y` is valid for writes of `acts.t * w.rows` f32 values, `r + nr <= w.rows`,
+/// `tok + nc <= acts.t`, and nobody else reads or writes those elements during the call. (The
+/// weights and activations are read through bounds-checked slices.)
 #[allow(clippy::too_many_arguments)]
-fn run_tile_portable(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: usize, nc: usize, dw: &[f32], mw: &[f32], y: *mut f32) {
+unsafe fn run_tile_portable(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize, tok: usize, nc: usize, dw: &[f32], mw: &[f32], y: *mut f32) {
     let nb = w.blocks_per_row();
     let t = super::scalar::Tile {
         qs: &w.qs[r * w.row_bytes()..],
@@ -265,8 +338,33 @@ fn run_tile_portable(w: &QuantMatrix, acts: &QuantizedActs, r: usize, nr: usize,
                 QFormat::Q4 => super::scalar::q4_dot(&t, rr, c),
                 QFormat::Q8 => super::scalar::q8_dot(&t, rr, c),
             };
-            // SAFETY: (tok + c, r + rr) is inside y.
+            // SAFETY: `tok + c < tok + nc <= acts.t` and `r + rr < r + nr <= w.rows` (the
+            // contract), so the element lies inside `y`, which this call alone writes there.
             unsafe { *y.add((tok + c) * w.rows + r + rr) = v };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With 32 x 32 weights and `t = 2^61 + 1`, `t * cols` and `t * rows` wrap to 32 (and
+    /// `t * ns` to 8): unchecked, 32-value `x` and `y` passed the length checks, and the first
+    /// tile wrote 96 tokens' outputs into `y`'s 32 values.
+    #[test]
+    #[should_panic(expected = "x has the wrong length")]
+    fn overflowing_shapes_are_refused() {
+        let w = QuantMatrix::quantize(QFormat::Q4, &[0.0; 32 * 32], 32, 32).unwrap();
+        matmul(&w, &[0.0; 32], (1 << 61) + 1, &mut [0.0; 32]);
+    }
+
+    #[test]
+    #[should_panic(expected = "activation scales")]
+    fn inconsistent_acts_are_refused() {
+        let w = QuantMatrix::quantize(QFormat::Q8, &[0.5; 2 * 64], 2, 64).unwrap();
+        let mut acts = QuantizedActs::quantize(&[1.0; 3 * 64], 3, 64);
+        acts.d.truncate(1);
+        matmul_quantized(&w, &acts, &mut [0.0; 3 * 2]);
     }
 }
