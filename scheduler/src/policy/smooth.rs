@@ -15,11 +15,12 @@
 //!    token: its decode, its KV reads, and the prefill its replacement will need per token;
 //!    `r50` the median of measured over predicted step times). It refuses only (a) a request
 //!    whose predicted benefit is below zero where alone it would not be, or (b) under
-//!    sustained open-loop overload ([`Demand`]: over the last `window_s`, more than 1.1x as
-//!    many arrivals of new demand, ones that do not answer the end of another request, as
-//!    requests that ended), one whose predicted idle beyond what it would lose alone costs more
-//!    than `max_loss` of its expected value. A client that comes straight back after a refusal
-//!    frees nothing: its return is not refused. A burst that the window absorbs is not overload.
+//!    sustained open-loop overload ([`Demand`]: the requests of new demand, ones that do not
+//!    answer the end of another request, that fell due (their users would have read them) but
+//!    did not run to their end grew over the last `window_s`, and new demand still outpaces
+//!    completions), one whose predicted idle beyond what it would lose alone costs more than
+//!    `max_loss` of its expected value. A client that comes straight back after a refusal frees
+//!    nothing: its return is not refused. A burst the machine serves on time is not overload.
 //! 2. **Start** ([`Limits::admits`], the one start rule: the batch, the door's predicted start
 //!    and its reports use it): a waiting request joins the batch while the running streams and
 //!    it hold no more KV blocks at their expected ends than the pool has, and fit its places.
@@ -54,9 +55,13 @@ const MIN_CHUNK_FRACTION: f64 = 0.25;
 const STEP_QUANTILE: f64 = 0.5;
 /// An arrival this soon (seconds) after a refusal is taken as its client answering it.
 const RETURN_S: f64 = 0.1;
-/// New demand over completions, over the door's window, that is taken for sustained overload
-/// (a minute of Poisson arrivals at saturation is counted within about 10%).
+/// Growth of the requests due but not completed, as a multiple of the completions over the
+/// door's window, beyond which it is taken for sustained overload (with the count's noise).
 const OVER_MARGIN: f64 = 1.1;
+/// Seconds over which the door judges whether more new demand still arrives than ends.
+const ONGOING_S: f64 = 10.0;
+/// How far before an arrival (seconds) the door looks for an end that fell there by chance.
+const CONTROL_S: f64 = 0.5;
 /// A queue this long is not simulated for the door's prediction (it is refused as worthless).
 const MAX_QUEUE_SIMULATED: usize = 4096;
 
@@ -76,8 +81,8 @@ pub struct SmoothConfig {
     /// Under sustained overload, the most loss caused by waiting behind others, as a fraction of
     /// a request's expected output tokens, that the door accepts (key `max_loss`, 0.02).
     pub max_loss: f64,
-    /// Seconds of arrivals over which the door judges the demand (key `window_s`, 60): a burst
-    /// of less work than the machine does in this time is not an overload.
+    /// Seconds over which the door judges the demand (key `window_s`, 60): a burst of less work
+    /// than the machine does in this time is not an overload.
     pub window_s: f64,
 }
 
@@ -115,16 +120,37 @@ impl Smooth {
 }
 
 /// Is the overload sustained, and would a refusal free anything? The door's view of the
-/// clients: over the last `window_s` seconds (once that much has passed), the arrivals of new
-/// demand against the requests
-/// that ran to their end (clients who leave a queue are a symptom of overload, not service). An arrival within [`RETURN_S`] of
-/// the end of another request is a closed-loop client answering it, not new demand: such
-/// clients follow the machine's pace, and one refused comes straight back. No cost model is
-/// involved: both sides are counts of the same mix of requests.
+/// clients, from counts alone (no cost model: both sides count the same mix of requests).
+///
+/// An arrival within [`RETURN_S`] of the end of another request is a closed-loop client
+/// answering it, not new demand: such clients follow the machine's pace, and one refused comes
+/// straight back. Independent arrivals also fall that close to some end by chance, more often
+/// the more ends there are; that chance is measured with a control window [`CONTROL_S`]
+/// earlier (where no answer falls) and each arrival of new demand counts `1 / (1 - chance)`,
+/// so an open loop's demand is not hidden among its ends.
+///
+/// Each arrival of new demand is *due* when its user would have read its expected answer had
+/// it been served on time (its last token's reading deadline, or its prefill alone and the
+/// reading after it, if later). The overload is sustained when (i) over the last `window_s`
+/// (or since the first arrival) the requests due but not completed grew, beyond a margin and
+/// the count's own noise, and (ii) over the last [`ONGOING_S`] more new demand arrived than
+/// requests completed. (i) needs no full window (a request cannot be judged late before it is
+/// due, and needs no more than that), so an overload is seen about one answer's reading time
+/// after it starts; (ii) tells it from a backlog that no one adds to, such as a closed loop's
+/// opening burst. Clients who leave a queue are a symptom, not service.
 #[derive(Debug, Clone, Default)]
 struct Demand {
-    /// Times of the arrivals of new demand in the window.
-    arrivals: VecDeque<f64>,
+    /// When the arrivals of new demand fall due (ascending, from the window's start on) and
+    /// what each counts for.
+    due: VecDeque<(f64, f64)>,
+    /// The count of new demand that fell due before the window.
+    due_before: f64,
+    /// (time, count) of the arrivals of new demand in the last [`ONGOING_S`].
+    asked: VecDeque<(f64, f64)>,
+    /// (time, whether an end fell in its control window) of each arrival in the window.
+    control: VecDeque<(f64, bool)>,
+    /// Every end in the last `CONTROL_S + RETURN_S`.
+    ended: VecDeque<f64>,
     /// (time, requests completed) at each arrival in the window and the last one before it.
     ends: VecDeque<(f64, u64)>,
     /// Requests ended so far that this has seen.
@@ -133,20 +159,30 @@ struct Demand {
     unanswered: VecDeque<f64>,
     /// Refusals not yet answered by an arrival.
     refusals: VecDeque<f64>,
-    /// The first arrival seen.
-    first: Option<f64>,
+}
+
+/// Drops the entries of `q` older than `t`.
+fn drop_before<T>(q: &mut VecDeque<T>, t: f64, time: impl Fn(&T) -> f64) {
+    while q.front().is_some_and(|e| time(e) < t) {
+        q.pop_front();
+    }
 }
 
 impl Demand {
-    /// An arrival at `at`; `ends` requests have ended so far (for any reason, refusals too),
-    /// the latest of them at `recent` (in the order they were registered), and `completed` ran
-    /// to their end. Returns (whether it answers an end, whether it answers a refusal).
-    fn arrival(&mut self, at: f64, window_s: f64, (recent, ends): (&[f64], u64), completed: u64) -> (bool, bool) {
-        self.first.get_or_insert(at);
+    /// An arrival at `at`, due at `due`; `ends` requests have ended so far (for any reason,
+    /// refusals too), the latest of them at `recent` (in the order they were registered), and
+    /// `completed` ran to their end. Returns (whether it answers an end, whether it answers a
+    /// refusal).
+    fn arrival(&mut self, (at, due): (f64, f64), window_s: f64, (recent, ends): (&[f64], u64), completed: u64) -> (bool, bool) {
         // The ends registered since the last arrival, as far as they are timed.
         let new = (ends.saturating_sub(self.seen) as usize).min(recent.len());
         self.seen = ends;
         self.unanswered.extend(&recent[recent.len() - new..]);
+        self.ended.extend(&recent[recent.len() - new..]);
+        drop_before(&mut self.ended, at - CONTROL_S - RETURN_S, |&t| t);
+        while self.ended.len() > MAX_QUEUE_SIMULATED {
+            self.ended.pop_front();
+        }
         // An end can answer an arrival up to `RETURN_S` before or after it (the simulator and
         // the engine may register a client's leaving after its next request is stamped).
         self.unanswered.retain(|&t| t >= at - RETURN_S);
@@ -155,22 +191,33 @@ impl Demand {
         }
         let close = self.unanswered.iter().position(|&t| t <= at + RETURN_S);
         let follows = close.is_some();
+        // The chance that an independent arrival falls that close to an end, over the window.
+        let by_chance = self.ended.iter().any(|&t| (t - (at - CONTROL_S)).abs() <= RETURN_S);
+        self.control.push_back((at, by_chance));
+        drop_before(&mut self.control, at - window_s, |e| e.0);
+        let chance = self.control.iter().filter(|e| e.1).count() as f64 / self.control.len() as f64;
         match close {
             Some(i) => {
                 self.unanswered.remove(i);
             }
-            None => self.arrivals.push_back(at),
+            None => {
+                let count = 1.0 / (1.0 - chance.min(0.9));
+                if self.due.len() < MAX_QUEUE_SIMULATED {
+                    let pos = self.due.partition_point(|d| d.0 <= due);
+                    self.due.insert(pos, (due, count));
+                }
+                self.asked.push_back((at, count));
+            }
         }
+        drop_before(&mut self.asked, at - ONGOING_S, |e| e.0);
         self.ends.push_back((at, completed));
-        while self.arrivals.front().is_some_and(|&t| t < at - window_s) {
-            self.arrivals.pop_front();
+        while self.due.front().is_some_and(|d| d.0 < at - window_s) {
+            self.due_before += self.due.pop_front().map_or(0.0, |d| d.1);
         }
         while self.ends.get(1).is_some_and(|&(t, _)| t <= at - window_s) {
             self.ends.pop_front();
         }
-        while self.refusals.front().is_some_and(|&r| r < at - RETURN_S) {
-            self.refusals.pop_front();
-        }
+        drop_before(&mut self.refusals, at - RETURN_S, |&r| r);
         let answers = self.refusals.front().is_some_and(|&r| r <= at);
         if answers {
             self.refusals.pop_front();
@@ -185,14 +232,23 @@ impl Demand {
         self.refusals.push_back(at);
     }
 
-    /// Sustained overload at `now`: over a whole window, more new demand arrived than the
-    /// machine completed, by a margin ([`OVER_MARGIN`]) beyond the noise of arrival counts.
-    fn overloaded(&self, now: f64, window_s: f64) -> bool {
-        let completed = match (self.ends.front(), self.ends.back()) {
-            (Some(a), Some(b)) => b.1 - a.1,
-            _ => 0,
-        };
-        self.first.is_some_and(|t| now - t >= window_s) && self.arrivals.len() as f64 > OVER_MARGIN * completed as f64
+    /// Sustained overload at `now`: (i) over the window (or since the first arrival), the
+    /// requests due but not completed grew by more than a margin ([`OVER_MARGIN`]) of the
+    /// completions and one standard deviation of the count of due requests (so a handful in the
+    /// first seconds is not a verdict); a machine ahead of its readers at the window's start
+    /// (more completed than due) is not credited with it; and (ii) more new demand arrived over
+    /// the last [`ONGOING_S`] than requests completed.
+    fn overloaded(&self, now: f64) -> bool {
+        let completed_at = |i: usize| self.ends.get(i).map_or(0.0, |e| e.1 as f64);
+        let (c0, c1) = (completed_at(0), completed_at(self.ends.len().saturating_sub(1)));
+        let d0 = self.due_before;
+        let due: f64 = self.due.iter().take_while(|d| d.0 <= now).map(|d| d.1).sum();
+        let growth = (d0 + due - c1) - (d0 - c0).max(0.0);
+        let behind = growth > (OVER_MARGIN - 1.0) * (c1 - c0) + due.sqrt();
+        let since = self.ends.partition_point(|e| e.0 <= now - ONGOING_S).saturating_sub(1);
+        let asked: f64 = self.asked.iter().map(|a| a.1).sum();
+        let ongoing = asked > c1 - completed_at(since);
+        behind && ongoing
     }
 }
 
@@ -410,18 +466,6 @@ impl Policy for Smooth {
         let rem = ctx.lengths.expected_total(req.max_output);
         let n = rem.max(1.0);
 
-        // The demand: is the overload sustained, with clients that go away when refused?
-        let (follows, answers) = self.demand.arrival(req.arrival, self.cfg.window_s, (ctx.recent_ends, ctx.ends), ctx.completed);
-        let overloaded = self.demand.overloaded(now, self.cfg.window_s);
-        self.stats.overloaded = overloaded;
-        self.stats.arrivals += 1;
-        self.stats.overloaded_arrivals += u64::from(overloaded);
-        self.stats.returns += u64::from(follows);
-        // A client that came straight back frees nothing when refused: refusing it again only
-        // turns a request that would be served into a zero.
-        if answers {
-            return Ok(());
-        }
         // Its first token: the prefill ahead of it at full steps, and its start by the start rule.
         let decodes = ctx.running.iter().filter(|v| v.uncomputed() == 1);
         let (n_dec, kv_dec) = decodes.fold((0, 0), |(n, kv), v| (n + 1, kv + v.num_tokens));
@@ -437,6 +481,21 @@ impl Policy for Smooth {
             last.add_slice(full * chunk, own - full * chunk);
             full as f64 * t_full + ctx.cost.predict(&last)
         };
+        // The demand: is the overload sustained, with clients that go away when refused? It is
+        // due when its user would have read it, served on time or alone.
+        let alone = own_time(false);
+        let due = (now + alone).max(req.arrival + req.class.grace) + n / req.class.reading_rate;
+        let (follows, answers) = self.demand.arrival((req.arrival, due), self.cfg.window_s, (ctx.recent_ends, ctx.ends), ctx.completed);
+        let overloaded = self.demand.overloaded(now);
+        self.stats.overloaded = overloaded;
+        self.stats.arrivals += 1;
+        self.stats.overloaded_arrivals += u64::from(overloaded);
+        self.stats.returns += u64::from(follows);
+        // A client that came straight back frees nothing when refused: refusing it again only
+        // turns a request that would be served into a zero.
+        if answers {
+            return Ok(());
+        }
         let own = own_time(true);
         let kappa = prefill_per_token(&c, ctx, Some((req, rem)));
         let start = self.predicted_start(req, rem, ctx, &c, kappa);
@@ -445,7 +504,7 @@ impl Policy for Smooth {
         // Its reading: a batch that cannot feed its readers makes each fall behind.
         let behind = |u: f64| n / req.class.reading_rate * (u - 1.0).max(0.0);
         let idle = (now + wait - deadline).max(0.0) + behind(self.util.0);
-        let idle_alone = (now + own_time(false) - deadline).max(0.0) + behind(self.util.1);
+        let idle_alone = (now + alone - deadline).max(0.0) + behind(self.util.1);
         let slo = ctx.slo;
         let loss = |l: f64| slo.alpha * slo.penalty.apply(l);
         // What the others cost it; what it would lose alone no policy can avoid.

@@ -240,21 +240,21 @@ fn blocks_shared_through_the_prefix_cache_count_once() {
     assert_eq!(started(&waiting(192)), 8);
 }
 
-/// The door's answer to a newcomer at `ctx`'s time after a minute and a half in which new requests arrived
-/// at `rate` a second and others ran to their ends at `ended` a second (each 40 tokens in, up to
-/// 1,000 out), in the same state.
+/// The door's answer to a newcomer at `ctx`'s time after five minutes in which new requests
+/// arrived at `rate` a second and others ran to their ends at `ended` a second (each 40 tokens
+/// in, up to 1,000 out), in the same state.
 fn door_after(rate: f64, ended: f64, ctx: &PolicyContext<'_>) -> Result<(), (crate::request::RejectReason, f64)> {
     let mut s = Smooth::new(SmoothConfig::default());
-    let n = (91.0 * rate) as u64;
+    let n = (300.0 * rate) as u64;
     for i in 0..n {
         let now = ctx.now - (n - i) as f64 / rate;
         // Ends well apart from arrivals: none is a client answering one.
-        let end = [now - 0.5];
-        let ends = ((now - ctx.now + 91.0) * ended) as u64;
+        let end = [now - 0.25];
+        let ends = ((now - ctx.now + 300.0) * ended) as u64;
         let c = PolicyContext { now, recent_ends: &end, ends, completed: ends, ..*ctx };
         let _ = s.admit(&seq(2000 + i, now, 40, 0, 1.0), &c);
     }
-    let ends = (91.0 * ended) as u64;
+    let ends = (300.0 * ended) as u64;
     s.admit(&seq(1000, ctx.now, 40, 0, 1.0), &PolicyContext { ends, completed: ends, ..*ctx })
 }
 
@@ -332,4 +332,96 @@ fn clients_answering_ends_are_not_new_demand_nor_refused_twice() {
     s.plan(&ctx, &mut d);
     let door = d.door.unwrap();
     assert_eq!((door.refused_worthless, door.refused_overload, door.returns, door.overloaded_arrivals), (400, 0, 800, 0), "{door:?}");
+}
+
+/// Sustained overload is seen about one answer's reading time after it starts, not after a
+/// full window: arrivals at twice the rate of completions from the first second are judged an
+/// overload soon after the first requests fall due (their expected answers read at 5 tok/s),
+/// well before the 60 s window is full; arrivals at the rate of completions never are, and
+/// neither is a burst of 30 at once that the batch serves on time.
+#[test]
+fn the_door_sees_an_overload_once_requests_fall_due() {
+    let (cost, lengths, slo) = (cost(), LengthModel::default(), SloParams::default());
+    let req = |id: u64, at: f64| SeqView { max_output: 200, ..seq(id, at, 40, 0, 1.0) };
+    // Seconds to read an expected answer.
+    let read = lengths.expected_total(200) / 5.0;
+    assert!((20.0..40.0).contains(&read), "{read}");
+    // When the door first judges an overload, with arrivals every `gap` seconds after a burst
+    // of `burst`, and `done(t)` requests completed by time t.
+    let first_verdict = |burst: u64, gap: f64, done: &dyn Fn(f64) -> f64| -> Option<f64> {
+        let mut s = Smooth::new(SmoothConfig::default());
+        let (running, waiting) = full_batch();
+        let (mut i, mut t) = (0, 0.0);
+        while t < 90.0 {
+            let completed = done(t) as u64;
+            // Ends well apart from arrivals: none is a client answering one.
+            let end = [t - 0.25];
+            let ctx = PolicyContext { recent_ends: &end, ends: completed, completed, ..context(&running, &waiting, t, (&cost, &lengths, &slo)) };
+            let _ = s.admit(&req(i, t), &ctx);
+            if s.stats.overloaded {
+                return Some(t);
+            }
+            i += 1;
+            if i >= burst {
+                t += gap;
+            }
+        }
+        None
+    };
+    // Twice as many arrivals as completions, which start once the first answers are read.
+    let over = first_verdict(1, 0.5, &|t| (t - read).max(0.0));
+    assert!(over.is_some_and(|t| t > read && t < read + 15.0), "overload first seen at {over:?}, answers read in {read} s");
+    // Completions keep pace (each request ends a little before it is due).
+    assert_eq!(first_verdict(1, 1.0, &|t| (t - read + 3.0).max(0.0)), None);
+    // A burst of 30 the batch serves on time (answered over the 6 s before they fall due), then
+    // arrivals at the machine's pace, each a little later than it would have been without it.
+    assert_eq!(first_verdict(30, 1.0, &|t| ((t - read + 6.0) * 5.0).clamp(0.0, 30.0) + (t - read - 2.0).max(0.0)), None);
+    // The same burst answered late, over 15 s after it fell due, is an overload while the lag
+    // lasts: the machine is behind its readers.
+    assert!(first_verdict(30, 1.0, &|t| ((t - read) * 2.0).clamp(0.0, 30.0) + (t - read - 15.0).max(0.0)).is_some());
+}
+
+/// Independent arrivals land within 0.1 s of some end by chance (at 3 ends a second, about two
+/// in five): the door measures that chance before each arrival and counts new demand up by it,
+/// so an open loop's demand is seen whole, while a closed loop's answers still count nothing.
+#[test]
+fn new_demand_is_not_hidden_among_chance_ends() {
+    // A small deterministic generator of exponential gaps.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut gap = |rate: f64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        -((state >> 11) as f64 / (1u64 << 53) as f64).max(1e-12).ln() / rate
+    };
+    // 3 arrivals a second, 3 unrelated ends a second, for two minutes.
+    let (mut arrivals, mut ends) = (vec![], vec![]);
+    let (mut a, mut e) = (0.0, 0.0);
+    while a < 120.0 {
+        a += gap(3.0);
+        arrivals.push(a);
+    }
+    while e < 121.0 {
+        e += gap(3.0);
+        ends.push(e);
+    }
+    let counted = |arrivals: &[f64], ends: &[f64]| -> (f64, usize) {
+        let mut d = super::Demand::default();
+        let mut follows = 0;
+        for &at in arrivals {
+            let known: Vec<f64> = ends.iter().copied().filter(|&t| t <= at + 0.05).collect();
+            let (f, _) = d.arrival((at, at + 30.0), 60.0, (&known, known.len() as u64), 0);
+            follows += usize::from(f);
+        }
+        (d.asked.iter().map(|x| x.1).sum::<f64>(), follows)
+    };
+    let (asked, follows) = counted(&arrivals, &ends);
+    let truth = arrivals.iter().filter(|&&t| t >= 110.0).count() as f64;
+    assert!(follows as f64 > 0.25 * arrivals.len() as f64, "{follows} of {} taken for answers", arrivals.len());
+    assert!((asked - truth).abs() < 0.25 * truth, "new demand over the last 10 s counted {asked:.1}, {truth} arrived");
+    // A closed loop: every arrival answers an end 5 ms before it.
+    let answers: Vec<f64> = arrivals.iter().map(|t| t - 0.005).collect();
+    let (asked, follows) = counted(&arrivals, &answers);
+    assert_eq!(follows, arrivals.len());
+    assert_eq!(asked, 0.0);
 }
