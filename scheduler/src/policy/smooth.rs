@@ -143,12 +143,16 @@ struct Demand {
     /// When the arrivals of new demand fall due (ascending, from the window's start on) and
     /// what each counts for.
     due: VecDeque<(f64, f64)>,
+    /// How many of `due`, from its front, fell due by `clock`, and what they count for.
+    passed: (usize, f64),
+    /// The latest arrival seen.
+    clock: Option<f64>,
     /// The count of new demand that fell due before the window.
     due_before: f64,
-    /// (time, count) of the arrivals of new demand in the last [`ONGOING_S`].
-    asked: VecDeque<(f64, f64)>,
-    /// (time, whether an end fell in its control window) of each arrival in the window.
-    control: VecDeque<(f64, bool)>,
+    /// The arrivals of new demand in the last [`ONGOING_S`], and what each counts for.
+    asked: Tally,
+    /// The arrivals in the window, each counting 1 if an end fell in its control window.
+    control: Tally,
     /// Every end in the last `CONTROL_S + RETURN_S`.
     ended: VecDeque<f64>,
     /// (time, requests completed) at each arrival in the window and the last one before it.
@@ -165,6 +169,34 @@ struct Demand {
 fn drop_before<T>(q: &mut VecDeque<T>, t: f64, time: impl Fn(&T) -> f64) {
     while q.front().is_some_and(|e| time(e) < t) {
         q.pop_front();
+    }
+}
+
+/// Timed values and their running sum.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    q: VecDeque<(f64, f64)>,
+    sum: f64,
+}
+
+impl Tally {
+    fn push(&mut self, at: f64, value: f64) {
+        self.q.push_back((at, value));
+        self.sum += value;
+    }
+
+    /// Drops the values older than `t`.
+    fn drop_before(&mut self, t: f64) {
+        while let Some(&(at, v)) = self.q.front() {
+            if at >= t {
+                break;
+            }
+            self.q.pop_front();
+            self.sum -= v;
+        }
+        if self.q.is_empty() {
+            self.sum = 0.0;
+        }
     }
 }
 
@@ -193,9 +225,9 @@ impl Demand {
         let follows = close.is_some();
         // The chance that an independent arrival falls that close to an end, over the window.
         let by_chance = self.ended.iter().any(|&t| (t - (at - CONTROL_S)).abs() <= RETURN_S);
-        self.control.push_back((at, by_chance));
-        drop_before(&mut self.control, at - window_s, |e| e.0);
-        let chance = self.control.iter().filter(|e| e.1).count() as f64 / self.control.len() as f64;
+        self.control.push(at, f64::from(u8::from(by_chance)));
+        self.control.drop_before(at - window_s);
+        let chance = self.control.sum / self.control.q.len() as f64;
         match close {
             Some(i) => {
                 self.unanswered.remove(i);
@@ -205,14 +237,26 @@ impl Demand {
                 if self.due.len() < MAX_QUEUE_SIMULATED {
                     let pos = self.due.partition_point(|d| d.0 <= due);
                     self.due.insert(pos, (due, count));
+                    // An arrival stamped before a later one's admission may fall due by then.
+                    if pos < self.passed.0 {
+                        self.passed = (self.passed.0 + 1, self.passed.1 + count);
+                    }
                 }
-                self.asked.push_back((at, count));
+                self.asked.push(at, count);
             }
         }
-        drop_before(&mut self.asked, at - ONGOING_S, |e| e.0);
+        self.asked.drop_before(at - ONGOING_S);
         self.ends.push_back((at, completed));
-        while self.due.front().is_some_and(|d| d.0 < at - window_s) {
-            self.due_before += self.due.pop_front().map_or(0.0, |d| d.1);
+        // Those due by the latest arrival lead the queue (it is sorted).
+        let clock = self.clock.map_or(at, |c| c.max(at));
+        self.clock = Some(clock);
+        while let Some(&(_, count)) = self.due.get(self.passed.0).filter(|d| d.0 <= clock) {
+            self.passed = (self.passed.0 + 1, self.passed.1 + count);
+        }
+        while let Some(&(_, count)) = self.due.front().filter(|d| d.0 < at - window_s) {
+            self.due.pop_front();
+            self.due_before += count;
+            self.passed = (self.passed.0.saturating_sub(1), self.passed.1 - count);
         }
         while self.ends.get(1).is_some_and(|&(t, _)| t <= at - window_s) {
             self.ends.pop_front();
@@ -232,7 +276,7 @@ impl Demand {
         self.refusals.push_back(at);
     }
 
-    /// Sustained overload at `now`: (i) over the window (or since the first arrival), the
+    /// Sustained overload at `now` (just after an arrival): (i) over the window (or since the first arrival), the
     /// requests due but not completed grew by more than a margin ([`OVER_MARGIN`]) of the
     /// completions and one standard deviation of the count of due requests (so a handful in the
     /// first seconds is not a verdict); a machine ahead of its readers at the window's start
@@ -242,12 +286,11 @@ impl Demand {
         let completed_at = |i: usize| self.ends.get(i).map_or(0.0, |e| e.1 as f64);
         let (c0, c1) = (completed_at(0), completed_at(self.ends.len().saturating_sub(1)));
         let d0 = self.due_before;
-        let due: f64 = self.due.iter().take_while(|d| d.0 <= now).map(|d| d.1).sum();
+        let due = self.passed.1;
         let growth = (d0 + due - c1) - (d0 - c0).max(0.0);
         let behind = growth > (OVER_MARGIN - 1.0) * (c1 - c0) + due.sqrt();
         let since = self.ends.partition_point(|e| e.0 <= now - ONGOING_S).saturating_sub(1);
-        let asked: f64 = self.asked.iter().map(|a| a.1).sum();
-        let ongoing = asked > c1 - completed_at(since);
+        let ongoing = self.asked.sum > c1 - completed_at(since);
         behind && ongoing
     }
 }

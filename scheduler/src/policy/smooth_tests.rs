@@ -413,7 +413,7 @@ fn new_demand_is_not_hidden_among_chance_ends() {
             let (f, _) = d.arrival((at, at + 30.0), 60.0, (&known, known.len() as u64), 0);
             follows += usize::from(f);
         }
-        (d.asked.iter().map(|x| x.1).sum::<f64>(), follows)
+        (d.asked.sum, follows)
     };
     let (asked, follows) = counted(&arrivals, &ends);
     let truth = arrivals.iter().filter(|&&t| t >= 110.0).count() as f64;
