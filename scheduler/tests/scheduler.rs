@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use pace_scheduler::policy::{by_name, Smooth, SmoothConfig};
-use pace_scheduler::{BatchPlan, Event, FinishReason, NewRequest, RejectReason, SampledToken, Scheduler, SchedulerConfig, StepOutput};
+use pace_scheduler::{BatchPlan, Event, FinishReason, NewRequest, RejectReason, SampledToken, Scheduler, SchedulerConfig, StepOutput, StepShape};
 use rand::{Rng, SeedableRng};
 
 /// A runner that checks every plan against the true sequences and samples a deterministic token.
@@ -360,6 +360,44 @@ fn drop_late_drops_requests_past_their_ttft_and_accounts_them() {
     let s = h.sched.stats();
     assert_eq!(s.finished.dropped, 1);
     assert_eq!(s.waiting, 0);
+}
+
+#[test]
+fn drop_late_drops_a_request_whose_first_token_came_late() {
+    let mut cfg = small_cfg();
+    cfg.slo.binary = "ttft:100".parse().unwrap();
+    let mut h = Harness::new(cfg, "drop-late");
+    h.add(request(1, 4, 30, 0.0)).unwrap();
+    h.step(0.15); // its first token comes at 0.15 s: past the limit, it can no longer pass
+    h.step(0.01);
+    assert_eq!(h.finished()[&1], (FinishReason::Dropped, 1));
+}
+
+#[test]
+fn drop_late_keeps_steps_with_decodes_within_the_tpot_limit() {
+    // One stream decoding and a long prompt waiting: drop-late gives the prompt the chunk that
+    // keeps the step within 0.9 of the TPOT limit (Sarathi-Serve's budget); fcfs fills the
+    // step's token budget; alone, the prompt gets the whole budget.
+    let run = |policy: &str, decoding: bool| -> (usize, f64) {
+        let mut cfg = SchedulerConfig { max_batch_tokens: 512, max_model_len: 2048, num_kv_blocks: 600, ..small_cfg() };
+        cfg.slo.binary = "tpot:200".parse().unwrap();
+        let mut h = Harness::new(cfg, policy);
+        if decoding {
+            h.add(request(1, 4, 100, 0.0)).unwrap();
+            h.step(0.05);
+        }
+        h.add(request(2, 1500, 10, h.now)).unwrap();
+        let model = h.sched.cost_model().clone(); // what the plan was made with
+        let plan = h.step(0.01);
+        let chunk = plan.seqs.iter().filter(|s| s.id == 2).map(|s| s.len()).sum();
+        (chunk, model.predict(&StepShape::of(&plan)))
+    };
+    let (fcfs, _) = run("fcfs", true);
+    let (drop, predicted) = run("drop-late", true);
+    assert_eq!(fcfs, 511);
+    assert!(drop > 0 && drop < fcfs && predicted <= 0.18 + 1e-9, "drop-late chunk {drop}, predicted step {predicted}");
+    assert!(predicted > 0.15, "the chunk fills the room: predicted step {predicted}");
+    assert_eq!(run("drop-late", false).0, 512);
 }
 
 #[test]

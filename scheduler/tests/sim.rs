@@ -14,7 +14,9 @@ fn h200() -> (SimConfig, pace_scheduler::sim::Preset) {
 /// (a) Under overload, drop-late has higher binary goodput than fcfs and lower smooth goodput:
 /// binary goodput rewards abandoning late requests, smooth goodput does not. In long runs too
 /// (4,000 requests at 1.5x and 2x): fcfs's binary goodput falls to nothing there, and so did
-/// drop-late's while it started whatever fit and dropped only what had already missed.
+/// drop-late's while it started whatever fit and dropped only what had already missed; it is
+/// over 0.4 of the saturation rate now that steps with decodes keep within the TPOT limit (it was
+/// 1-2 req/s while the prefill of newcomers pushed every stream's TPOT over).
 #[test]
 fn counterexample_a_drop_late_wins_binary_goodput_and_loses_smooth_goodput() {
     let (cfg, p) = h200();
@@ -29,7 +31,7 @@ fn counterexample_a_drop_late_wins_binary_goodput_and_loses_smooth_goodput() {
         );
         assert!(drop.dropped > 0);
         assert!(
-            drop.request_goodput > 0.2 && drop.request_goodput > 2.0 * fcfs.request_goodput,
+            drop.request_goodput > 0.4 * sat && drop.request_goodput > 2.0 * fcfs.request_goodput,
             "{factor}x {n}: request goodput {} vs {}",
             drop.request_goodput,
             fcfs.request_goodput

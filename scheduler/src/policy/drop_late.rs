@@ -9,7 +9,10 @@
 //! - with a TPOT limit, a waiting request starts only while the batch's predicted time per
 //!   output token with it (its decode step, plus the prefill its streams' replacements need per
 //!   step) stays within that limit: a batch past it makes every stream miss together (in long
-//!   overloaded runs fcfs's, and without this drop-late's, binary goodput fell to 0).
+//!   overloaded runs fcfs's, and without this drop-late's, binary goodput fell to 0);
+//! - and, as Sarathi-Serve sizes its token budget from the TBT limit, a step that decodes for
+//!   someone takes only the prefill that keeps its predicted time within [`STEP_SHARE`] of the
+//!   TPOT limit, so no stream's TPOT is pushed over by the prefill of others.
 //!
 //! With no binary SLO configured it behaves as `fcfs`.
 
@@ -19,6 +22,10 @@ use super::{Decisions, Policy, PolicyContext, SeqView};
 use crate::cost::StepShape;
 use crate::request::RejectReason;
 use crate::slo::BinarySlo;
+
+/// The share of the TPOT limit a step with decodes in it may take (the rest absorbs the step
+/// model's error).
+pub const STEP_SHARE: f64 = 0.9;
 
 /// fcfs that gives up on requests that can no longer pass.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +38,9 @@ impl DropLate {
     }
 }
 
-/// True when `v` can no longer pass `slo` at `now`, whatever happens next.
+/// True when `v` can no longer pass `slo` at `now`, whatever happens next: its first token
+/// came (or can come) after the TTFT limit, its TPOT is over the limit for certain, or its E2E
+/// latency is.
 ///
 /// TPOT is an average, so a slow start can still be made up; it is missed for certain once even
 /// instant delivery of every remaining token would leave it over the limit: the final TPOT is at
@@ -39,7 +48,7 @@ impl DropLate {
 /// `(now - t_1) / (N - 1)`, with `N` the most tokens the request can produce.
 pub fn missed(v: &SeqView, slo: &BinarySlo, now: f64) -> bool {
     let waited = now - v.arrival;
-    let ttft_missed = slo.ttft.is_some_and(|lim| v.first_token_time.is_none() && waited > lim);
+    let ttft_missed = slo.ttft.is_some_and(|lim| v.first_token_time.unwrap_or(now) - v.arrival > lim);
     let tpot_missed = match (slo.tpot, v.first_token_time) {
         (Some(lim), Some(first)) if v.max_output >= 2 => {
             let last = if v.num_output < v.max_output { now } else { v.last_token_time.unwrap_or(now) };
@@ -91,6 +100,35 @@ impl Policy for DropLate {
             }
             fits
         };
-        fcfs_plan(ctx, out, |v| !late(v), room);
+        // This step's prefill: what keeps its predicted time within the step cap, granted in
+        // order, when anyone decodes in it (a step without decodes delays no one's next token).
+        let mut step = StepShape::default();
+        for v in ctx.running.iter().filter(|v| v.uncomputed() == 1 && !late(v)) {
+            step.add_slice(v.num_computed, 1);
+        }
+        let cap = slo.tpot.map(|lim| STEP_SHARE * lim).filter(|_| step.decode_seqs > 0);
+        let chunk = |v: &SeqView| {
+            let Some(cap) = cap else { return v.uncomputed() };
+            let with = |n: usize| {
+                let mut s = step;
+                s.add_slice(v.num_computed, n);
+                s
+            };
+            // The largest chunk within the cap (the predicted time grows with the chunk).
+            let (mut lo, mut hi) = (0, v.uncomputed());
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if ctx.cost.predict(&with(mid)) <= cap {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            if lo > 0 {
+                step = with(lo);
+            }
+            lo
+        };
+        fcfs_plan(ctx, out, |v| !late(v), room, chunk);
     }
 }

@@ -29,28 +29,48 @@ impl Policy for Fcfs {
     }
 
     fn plan(&mut self, ctx: &PolicyContext<'_>, out: &mut Decisions) {
-        fcfs_plan(ctx, out, |_| true, |_| true);
+        fcfs_plan(ctx, out, |_| true, |_| true, |v| v.uncomputed());
     }
 }
 
 /// The fcfs plan over the requests `keep` accepts, starting waiting ones in queue order while
-/// `start` agrees (drop-late reuses it without its drops and within its TPOT room).
-pub(super) fn fcfs_plan(ctx: &PolicyContext<'_>, out: &mut Decisions, keep: impl Fn(&SeqView) -> bool, mut start: impl FnMut(&SeqView) -> bool) {
-    let grant = |v: &SeqView, may_preempt| Grant { id: v.id, tokens: v.uncomputed(), may_preempt };
+/// `start` agrees, each prefill getting the tokens `chunk` grants it, in order (0 ends the
+/// step's prefill). drop-late reuses it without its drops, within its TPOT room and step cap.
+pub(super) fn fcfs_plan(
+    ctx: &PolicyContext<'_>,
+    out: &mut Decisions,
+    keep: impl Fn(&SeqView) -> bool,
+    mut start: impl FnMut(&SeqView) -> bool,
+    mut chunk: impl FnMut(&SeqView) -> usize,
+) {
+    let grant = |v: &SeqView, tokens, may_preempt| Grant { id: v.id, tokens, may_preempt };
     let live = |v: &&SeqView| v.uncomputed() > 0 && keep(v);
-    out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, true)));
-    out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() > 1).map(|v| grant(v, true)));
+    out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, 1, true)));
+    let mut open = true;
+    for v in ctx.running.iter().filter(live).filter(|v| v.uncomputed() > 1) {
+        match chunk(v) {
+            0 => open = false,
+            n => out.grants.push(grant(v, n, true)),
+        }
+        if !open {
+            break;
+        }
+    }
     // Waiting requests beyond what one step can start are left out: the mechanism would skip
     // them anyway, and the queue can be long.
     let mut tokens = 0;
     let mut slots = ctx.max_num_seqs.saturating_sub(ctx.running.len());
     for v in ctx.waiting.iter().filter(live) {
-        if tokens >= ctx.max_batch_tokens || slots == 0 || !start(v) {
+        if !open || tokens >= ctx.max_batch_tokens || slots == 0 || !start(v) {
             break;
         }
-        tokens += v.uncomputed();
+        let n = chunk(v);
+        if n == 0 {
+            break;
+        }
+        tokens += n;
         slots -= 1;
-        out.grants.push(grant(v, false));
+        out.grants.push(grant(v, n, false));
     }
     out.victims.extend(ctx.running.iter().rev().map(|v| v.id));
 }
