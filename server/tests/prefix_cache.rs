@@ -1,7 +1,8 @@
 //! Prefix caching through the API, in-process on dummy weights (byte-level tokenizer: a prompt
 //! of N bytes is N tokens): a shared system prompt is computed once and reported as
 //! `usage.prompt_tokens_details.cached_tokens`, greedy answers are the same as with caching
-//! off, and `cache_salt` keeps requests of different salts apart.
+//! off, `cache_salt` keeps requests of different salts apart, and `--prefix-cache-isolation
+//! api-key` keeps tenants with different API keys apart.
 
 use axum::body::Body;
 use axum::http::{header, Request};
@@ -17,7 +18,15 @@ struct Args {
 }
 
 async fn post(state: &std::sync::Arc<pace_server::serve::state::AppState>, path: &str, body: Value) -> (u16, Value) {
-    let req = Request::post(path).header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap();
+    post_as(state, None, path, body).await
+}
+
+async fn post_as(state: &std::sync::Arc<pace_server::serve::state::AppState>, key: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+    let mut req = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(k) = key {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+    }
+    let req = req.body(Body::from(body.to_string())).unwrap();
     let resp = api::app(state.clone()).oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
@@ -119,4 +128,57 @@ async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
     let p1 = r1["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(cached(&r2) >= p1 / 16 * 16, "turn 2 reuses turn 1's prompt ({p1} tokens): {r2}");
     assert!(cached(&r2) > shared / 16 * 16, "the second turn reuses more than the system prompt: {r2}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_scopes_the_prefix_cache_when_asked() {
+    let start = |isolation: &str| {
+        let argv = [
+            "serve",
+            "--model",
+            "dummy:smollm2-135m:q4",
+            "--threads",
+            "2",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-memory",
+            "64MiB",
+            "--block-size",
+            "16",
+            "--api-key",
+            "key-a,key-b",
+            "--prefix-cache-isolation",
+            isolation,
+        ];
+        in_process(&Args::parse_from(argv).serve).expect("in-process server")
+    };
+    let prompt = "Tenant A's confidential preamble, which tenant B must not be able to time. ".repeat(2);
+    let body = |salt: Option<&str>| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0});
+        if let Some(s) = salt {
+            b["cache_salt"] = json!(s);
+        }
+        b
+    };
+    let full = |v: &Value| (v["usage"]["prompt_tokens"].as_u64().unwrap() - 1) / 16 * 16;
+    let isolated = start("api-key");
+    let (st, a1) = post_as(&isolated, Some("key-a"), "/v1/completions", body(None)).await;
+    assert_eq!((st, cached(&a1)), (200, 0), "{a1}");
+    let (_, a2) = post_as(&isolated, Some("key-a"), "/v1/completions", body(None)).await;
+    assert_eq!(cached(&a2), full(&a2), "the same key reuses its own prefix");
+    let (_, b1) = post_as(&isolated, Some("key-b"), "/v1/completions", body(None)).await;
+    assert_eq!(cached(&b1), 0, "another key finds nothing of key-a's: {b1}");
+    assert_eq!(a1["choices"][0]["text"], b1["choices"][0]["text"], "isolation changes no answer");
+    // A salt divides a key's scope further, and stays within it.
+    let (_, a3) = post_as(&isolated, Some("key-a"), "/v1/completions", body(Some("s"))).await;
+    assert_eq!(cached(&a3), 0);
+    let (_, b2) = post_as(&isolated, Some("key-b"), "/v1/completions", body(Some("s"))).await;
+    assert_eq!(cached(&b2), 0, "the same salt under another key shares nothing");
+    let (st, none) = post_as(&isolated, None, "/v1/completions", body(None)).await;
+    assert_eq!(st, 401, "{none}");
+    // Without isolation the two keys share.
+    let shared = start("none");
+    let (_, a) = post_as(&shared, Some("key-a"), "/v1/completions", body(None)).await;
+    let (_, b) = post_as(&shared, Some("key-b"), "/v1/completions", body(None)).await;
+    assert_eq!((cached(&a), cached(&b)), (0, full(&b)));
 }

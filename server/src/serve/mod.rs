@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// API key required on inference routes (repeatable; also PACE_API_KEY, comma separated).
     #[arg(long = "api-key", env = "PACE_API_KEY", value_delimiter = ',', hide_env_values = true)]
     pub api_key: Vec<Secret>,
+    /// Whose cached prompt prefixes a request may reuse: `none` (requests of the same
+    /// `cache_salt` share) or `api-key` (and of the same bearer token: tenants with different
+    /// keys never reuse, nor time, each other's prompts).
+    #[arg(long, value_enum, default_value = "none", env = "PACE_PREFIX_CACHE_ISOLATION")]
+    pub prefix_cache_isolation: CacheIsolation,
     /// Host names (comma separated; `*.example.com` for any subdomain) that inference requests
     /// may name in `Host` or the HTTP/2 authority; any other is a 400. Guards a server on
     /// 127.0.0.1 against DNS rebinding from a browser. `/health`, `/metrics` and `/version` are
@@ -303,6 +308,15 @@ fn parse_rate_range(s: &str) -> Result<(f64, f64), String> {
     }
 }
 
+/// `--prefix-cache-isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheIsolation {
+    /// Requests of the same `cache_salt` (or none) share cached prefixes.
+    None,
+    /// Only requests with the same bearer token (and salt) share.
+    ApiKey,
+}
+
 /// Checks the flags and builds the shared state (phase `Loading`) and the metrics recorder.
 fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let source = ModelSource::parse(args.engine.model.as_deref())?;
@@ -330,6 +344,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
             .filter(|h| !h.is_empty())
             .collect(),
         api_key_digests: args.api_key.iter().map(|k| <sha2::Sha256 as sha2::Digest>::digest(k.expose().as_bytes()).into()).collect(),
+        cache_per_key: args.prefix_cache_isolation == CacheIsolation::ApiKey,
         max_body_bytes: args.max_body_bytes,
         body_timeout_s: args.body_timeout,
         sse_keepalive_s: args.sse_keepalive,

@@ -19,6 +19,8 @@ pub struct ServeConfig {
     pub served_model_names: Vec<String>,
     /// SHA-256 digests of the accepted API keys; empty means no authentication.
     pub api_key_digests: Vec<[u8; 32]>,
+    /// `--prefix-cache-isolation api-key`: the bearer token joins the prefix-cache salt.
+    pub cache_per_key: bool,
     /// Host names inference requests may name (`--allowed-hosts`, lower case); empty: any.
     pub allowed_hosts: Vec<String>,
     /// Largest request body, bytes.

@@ -57,6 +57,16 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJso
     generate(&state, &headers, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
 }
 
+/// The prefix-cache salt of a request under `--prefix-cache-isolation api-key`: its bearer
+/// token's digest (never the token itself) and its own `cache_salt`, hashed together.
+fn key_salt(token: &str, salt: Option<u64>) -> u64 {
+    use sha2::Digest;
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (sha2::Sha256::digest(token.as_bytes()).as_slice(), salt).hash(&mut h);
+    h.finish() | 1
+}
+
 /// The client's `X-Request-Id`, if it sent one: 1 to 128 characters of `A-Z a-z 0-9 - _ . :`
 /// (anything else is a 400, so a log line or a header never carries what a client injected).
 fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -118,6 +128,9 @@ async fn generate(
     let ValidRequest { prompts, mut params, endpoint } = off_the_workers(state, validate).await?;
     if params.sampling.seed.is_none() {
         params.sampling.seed = state.next_unseeded();
+    }
+    if state.config.cache_per_key {
+        params.cache_salt = Some(key_salt(super::bearer(headers), params.cache_salt));
     }
     let prefix = match endpoint {
         Endpoint::Completion { .. } => "cmpl",

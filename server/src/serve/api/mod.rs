@@ -111,6 +111,15 @@ async fn check_host(State(state): State<Arc<AppState>>, req: Request, next: Next
     }
 }
 
+/// The bearer token of `Authorization` ("" when none).
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> &str {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .unwrap_or("")
+}
+
 /// Bearer-token check, constant time: the given token is hashed to the keys' length (only their
 /// SHA-256 digests are kept, so no key sits in memory a `Debug` could print), and every key is
 /// compared.
@@ -118,13 +127,7 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     if state.config.api_key_digests.is_empty() {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .unwrap_or("");
-    let given = Sha256::digest(given.as_bytes());
+    let given = Sha256::digest(bearer(req.headers()).as_bytes());
     let mut ok = subtle::Choice::from(0u8);
     for key in &state.config.api_key_digests {
         ok |= key.as_slice().ct_eq(given.as_slice());
