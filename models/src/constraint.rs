@@ -134,9 +134,26 @@ impl Grammars {
         &self.stats
     }
 
-    /// Compiles a request's grammar. An invalid schema, regex or grammar is an error carrying
-    /// llguidance's message (for a 400).
+    /// Compiles a request's grammar. An invalid schema, regex or grammar, or one past the size
+    /// limits ([`MAX_GRAMMAR_RULES`], [`MAX_SCHEMA_NODES`]), is an error carrying llguidance's
+    /// message or the limit (for a 400).
+    ///
+    /// llguidance compiles recursively: a chain of N rules (`r0: "a" r1`, `r1: "a" r2`, ...) or
+    /// of N `$ref`s takes 3-8 KiB of stack per link, so a few hundred links in a 4 MiB body
+    /// overflow a 2 MiB thread stack and abort the process. Compilation therefore runs on its own
+    /// thread with a [`COMPILE_STACK`] stack (reserved, touched only as deep as it goes), and
+    /// chains are bounded by the limits (measured: 20,000 Lark rules take about 60 MiB; a schema's
+    /// `$ref` chains meet llguidance's "schema too large" before 100 MiB).
     pub fn compile(&self, spec: &GrammarSpec, ws: &JsonWhitespace) -> std::result::Result<Constraint, String> {
+        check_size(spec)?;
+        std::thread::scope(|s| {
+            let compiler = std::thread::Builder::new().name("pace-grammar".into()).stack_size(COMPILE_STACK);
+            let job = compiler.spawn_scoped(s, || self.compile_here(spec, ws)).map_err(|e| format!("could not start the grammar compiler: {e}"))?;
+            job.join().unwrap_or_else(|_| Err("the grammar compiler failed".into()))
+        })
+    }
+
+    fn compile_here(&self, spec: &GrammarSpec, ws: &JsonWhitespace) -> std::result::Result<Constraint, String> {
         let grammar = match spec {
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() {
@@ -162,6 +179,44 @@ impl Grammars {
         }
         Ok(Constraint { matcher, mask: None, stats: self.stats.clone(), eos: self.eos.clone(), error_counted: false })
     }
+}
+
+/// Stack of the thread a grammar compiles on (see [`Grammars::compile`]).
+pub const COMPILE_STACK: usize = 256 << 20;
+
+/// Most rule and terminal definitions in a Lark grammar (counted as its `:` characters, which
+/// every definition has).
+pub const MAX_GRAMMAR_RULES: usize = 20_000;
+
+/// Most JSON values (objects, arrays, strings, numbers, ...) in a JSON schema.
+pub const MAX_SCHEMA_NODES: usize = 100_000;
+
+/// The size limits, checked before llguidance sees the grammar.
+fn check_size(spec: &GrammarSpec) -> std::result::Result<(), String> {
+    match spec {
+        GrammarSpec::Lark(lark) => {
+            let defs = lark.bytes().filter(|&b| b == b':').count();
+            if defs > MAX_GRAMMAR_RULES {
+                return Err(format!("the grammar has more than {MAX_GRAMMAR_RULES} rule definitions (':' counted: {defs})"));
+            }
+        }
+        GrammarSpec::JsonSchema(schema) => {
+            let (mut nodes, mut stack) = (0usize, vec![schema]);
+            while let Some(v) = stack.pop() {
+                nodes += 1;
+                if nodes > MAX_SCHEMA_NODES {
+                    return Err(format!("the JSON schema has more than {MAX_SCHEMA_NODES} values"));
+                }
+                match v {
+                    Value::Array(a) => stack.extend(a),
+                    Value::Object(o) => stack.extend(o.values()),
+                    _ => {}
+                }
+            }
+        }
+        GrammarSpec::JsonObject | GrammarSpec::Regex(_) | GrammarSpec::Choice(_) => {}
+    }
+    Ok(())
 }
 
 /// Adds the layout options unless the schema sets its own.

@@ -441,6 +441,19 @@ async fn hostile_grammars_are_bounded() {
         deep = json!({"type": "object", "properties": {"a": deep}, "required": ["a"]});
     }
     let huge_enum: Vec<String> = (0..5000).map(|i| format!("value-{i}-{}", "x".repeat(i % 40))).collect();
+    // Chains of references: llguidance compiles them recursively, a few KiB of stack per link
+    // (300 links overflowed the 2 MiB stack of the thread that compiled them, and the process
+    // aborted).
+    let lark_chain = |n: usize, name: &str| {
+        let rules: Vec<String> = (0..n).map(|i| format!("{name}{i}: \"a\" {name}{} | \"b\"", i + 1)).collect();
+        format!("start: {name}0\n{}\n{name}{n}: \"z\"", rules.join("\n"))
+    };
+    let ref_chain = |n: usize| {
+        let mut defs: serde_json::Map<String, Value> =
+            (0..n).map(|i| (format!("d{i}"), json!({"type": "object", "properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}}))).collect();
+        defs.insert(format!("d{n}"), json!({"type": "integer"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    };
     let cases: Vec<Value> = vec![
         json!({"structured_outputs": {"json": deep}}),
         json!({"structured_outputs": {"json": {"enum": huge_enum}}}),
@@ -456,6 +469,9 @@ async fn hostile_grammars_are_bounded() {
         json!({"structured_outputs": {"json": {"$ref": "https://example.com/schema.json"}}}),
         json!({"structured_outputs": {"json": {"anyOf": [{"type": "object"}, {"type": "array"}], "not": {"type": "null"}}}}),
         json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "items": {"type": "array", "items": {"type": "array"}}, "minItems": 1000000}}}}),
+        json!({"structured_outputs": {"grammar": lark_chain(5_000, "r")}}),
+        json!({"structured_outputs": {"grammar": lark_chain(5_000, "T")}}),
+        json!({"structured_outputs": {"json": ref_chain(3_000)}}),
     ];
     for extra in cases {
         let mut body = json!({"prompt": "go", "max_tokens": 24, "temperature": 1.0, "seed": 1});
@@ -476,6 +492,11 @@ async fn hostile_grammars_are_bounded() {
         assert!(secs < 60.0, "{what}: took {secs:.1} s");
         eprintln!("{what}: {st} in {secs:.2} s");
     }
+    // Past the limits: a 400 that names them.
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "structured_outputs": {"grammar": lark_chain(20_001, "r")}})).await;
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("rule definitions"), "{st} {v}");
+    let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "structured_outputs": {"json": {"enum": (0..100_001).collect::<Vec<u32>>()}}})).await;
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("values"), "{st} {v}");
     let (st, v) = post(COMPLETIONS, &json!({"prompt": "x", "guided_choice": ["fine"], "max_tokens": 5})).await;
     assert_eq!((st, v["choices"][0]["text"].as_str()), (200, Some("fine")), "{v}");
 }
