@@ -6,7 +6,10 @@
 //!   (slowloris) connections and idle keep-alive ones, HTTP/2 ones (no stream open) included.
 //! - `--max-connections` (by default sized from the open-file limit, which start-up raises to
 //!   what the system allows): when every slot is taken, the connection idle longest (no request
-//!   in flight) is closed to make room; only when every open connection has a request in flight
+//!   in flight) is closed to make room, once it has been idle for [`EVICT_GRACE`]: a connection
+//!   just opened has that long to send its request (else a flood that reconnects at once would
+//!   close each newcomer before it is read; the accept loop waits instead, and the kernel's
+//!   backlog queues newcomers in order); only when every open connection has a request in flight
 //!   is a new one refused, and even then a small reserve of connections answers `/health`,
 //!   `/metrics` and `/version` (anything else on them gets a 503), so probes and scrapers get
 //!   through a flood. Closed and refused connections are counted
@@ -50,10 +53,27 @@ const PROBE_RESERVE: usize = 16;
 const PROBE_IDLE: Duration = Duration::from_secs(2);
 /// How long the accept loop waits for the slot of a connection it asked to close.
 const EVICT_WAIT: Duration = Duration::from_millis(200);
+/// How long a connection is idle (since its opening or its last response) before it may be
+/// closed to make room for a new one.
+const EVICT_GRACE: Duration = Duration::from_millis(250);
 /// File descriptors kept for everything but connections (model files, logs, the runtime).
 const FD_RESERVE: u64 = 256;
 /// The largest default connection limit, however many descriptors the system allows.
 const MAX_DEFAULT_CONNECTIONS: u64 = 65_536;
+
+/// Connections the kernel queues for the accept loop (capped by the system's `somaxconn`;
+/// tokio's default is 1,024). While the slots are taken by connections in their
+/// [`EVICT_GRACE`], newcomers wait here in arrival order; a full queue drops them (the client
+/// retries after a second).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as tokio's `bind`).
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Raises the process's open-file limit to what the system allows and returns the default
 /// connection limit that follows from it: the limit less [`FD_RESERVE`] (and the probe
@@ -104,6 +124,16 @@ impl ConnState {
     }
 }
 
+/// What [`Registry::close_oldest_idle`] did.
+enum Evict {
+    /// Asked one to close.
+    Closed,
+    /// The idle longest may be closed after this long.
+    WaitFor(Duration),
+    /// Every connection has a request in flight (or is closing already).
+    NoneIdle,
+}
+
 /// Every open connection, oldest first.
 struct Registry {
     epoch: Instant,
@@ -129,14 +159,17 @@ impl Registry {
         (state, Registered { registry: self.clone(), id })
     }
 
-    /// Asks the regular connection idle longest to close; whether there was one.
-    fn close_oldest_idle(&self) -> bool {
+    /// Asks the regular connection idle longest to close, if it has been idle for `grace`.
+    fn close_oldest_idle(&self, grace: Duration) -> Evict {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let oldest =
             conns.values().filter(|c| !c.probe && c.idle() && !c.closing.load(Ordering::Acquire)).min_by_key(|c| c.last_active_ms.load(Ordering::Acquire));
-        match oldest {
-            Some(c) => c.close(),
-            None => false,
+        let Some(c) = oldest else { return Evict::NoneIdle };
+        let idle = Duration::from_millis(self.now_ms().saturating_sub(c.last_active_ms.load(Ordering::Acquire)));
+        match grace.checked_sub(idle) {
+            Some(left) if !left.is_zero() => Evict::WaitFor(left),
+            _ if c.close() => Evict::Closed,
+            _ => Evict::NoneIdle,
         }
     }
 
@@ -262,7 +295,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, shutd
                     // Out of descriptors or a connection reset before accept: make room, back off
                     // briefly.
                     tracing::warn!("accept failed: {e}");
-                    if registry.close_oldest_idle() {
+                    if let Evict::Closed = registry.close_oldest_idle(Duration::ZERO) {
                         crate::serve::metrics::record_connection_closed("slots_full");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -272,9 +305,16 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, shutd
             _ = &mut shutdown => break,
         };
         let mut slot = slots.clone().try_acquire_owned().ok();
-        if slot.is_none() && registry.close_oldest_idle() {
-            crate::serve::metrics::record_connection_closed("slots_full");
-            slot = tokio::time::timeout(EVICT_WAIT, slots.clone().acquire_owned()).await.ok().and_then(Result::ok);
+        while slot.is_none() {
+            let wait = match registry.close_oldest_idle(EVICT_GRACE) {
+                Evict::Closed => {
+                    crate::serve::metrics::record_connection_closed("slots_full");
+                    EVICT_WAIT
+                }
+                Evict::WaitFor(d) => d,
+                Evict::NoneIdle => break,
+            };
+            slot = tokio::time::timeout(wait, slots.clone().acquire_owned()).await.ok().and_then(Result::ok);
         }
         let (slot, probe) = match slot {
             Some(s) => (s, false),
@@ -364,5 +404,25 @@ mod tests {
         assert_eq!(connections_for(1024), 1024 - 256 - 16);
         assert_eq!(connections_for(100), 64);
         assert_eq!(connections_for(1 << 20), 65_536);
+    }
+
+    #[test]
+    fn a_new_connection_is_not_closed_for_room_before_its_grace() {
+        let epoch = Instant::now().checked_sub(Duration::from_secs(10)).unwrap();
+        let registry = Arc::new(Registry { epoch, next: AtomicU64::new(0), conns: Mutex::new(BTreeMap::new()) });
+        assert!(matches!(registry.close_oldest_idle(EVICT_GRACE), Evict::NoneIdle));
+        let (old, _a) = registry.insert(false);
+        let (new, _b) = registry.insert(false);
+        // The one idle past its grace goes first; the newcomer is left to send its request.
+        old.last_active_ms.store(registry.now_ms() - EVICT_GRACE.as_millis() as u64, Ordering::Release);
+        assert!(matches!(registry.close_oldest_idle(EVICT_GRACE), Evict::Closed));
+        assert!(old.closing.load(Ordering::Acquire) && !new.closing.load(Ordering::Acquire));
+        match registry.close_oldest_idle(EVICT_GRACE) {
+            Evict::WaitFor(d) => assert!(d > Duration::ZERO && d <= EVICT_GRACE, "{d:?}"),
+            _ => panic!("the newcomer is within its grace"),
+        }
+        // A request in flight is never closed for room.
+        new.in_flight.store(1, Ordering::Release);
+        assert!(matches!(registry.close_oldest_idle(Duration::ZERO), Evict::NoneIdle));
     }
 }

@@ -371,7 +371,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
 
 async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().with_context(|| format!("--host {} --port {}", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let listener = listen::bind(addr).with_context(|| format!("binding {addr}"))?;
     tracing::info!("listening on http://{addr} (/health answers 503 until the model is loaded)");
 
     // The engine thread's death (a panic) wakes this task, which answers what it can and exits.
