@@ -49,18 +49,20 @@ async fn post_as(state: &std::sync::Arc<pace_server::serve::state::AppState>, ke
     (status, json!({"choices": [{"text": out}], "usage": usage}))
 }
 
+/// An in-process server on dummy weights, 16-token blocks, with `extra` flags.
+fn start(extra: &[&str]) -> std::sync::Arc<pace_server::serve::state::AppState> {
+    let mut argv =
+        vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "1024", "--kv-cache-memory", "64MiB", "--block-size", "16"];
+    argv.extend_from_slice(extra);
+    in_process(&Args::parse_from(argv).serve).expect("in-process server")
+}
+
 fn cached(v: &Value) -> u64 {
     v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("no cached_tokens in {v}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
-    let start = |extra: &[&str]| {
-        let mut argv =
-            vec!["serve", "--model", "dummy:smollm2-135m:q4", "--threads", "2", "--max-model-len", "1024", "--kv-cache-memory", "64MiB", "--block-size", "16"];
-        argv.extend_from_slice(extra);
-        in_process(&Args::parse_from(argv).serve).expect("in-process server")
-    };
     let on = start(&[]);
     let off = start(&["--no-enable-prefix-caching"]);
     let system = "You are a careful assistant. Answer briefly, cite nothing, and never invent facts. ".repeat(3); // 258 bytes
@@ -132,26 +134,6 @@ async fn a_shared_system_prompt_is_computed_once_and_answers_do_not_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_scopes_the_prefix_cache_when_asked() {
-    let start = |isolation: &str| {
-        let argv = [
-            "serve",
-            "--model",
-            "dummy:smollm2-135m:q4",
-            "--threads",
-            "2",
-            "--max-model-len",
-            "1024",
-            "--kv-cache-memory",
-            "64MiB",
-            "--block-size",
-            "16",
-            "--api-key",
-            "key-a,key-b",
-            "--prefix-cache-isolation",
-            isolation,
-        ];
-        in_process(&Args::parse_from(argv).serve).expect("in-process server")
-    };
     let prompt = "Tenant A's confidential preamble, which tenant B must not be able to time. ".repeat(2);
     let body = |salt: Option<&str>| {
         let mut b = json!({"prompt": prompt, "max_tokens": 2, "temperature": 0});
@@ -161,7 +143,7 @@ async fn an_api_key_scopes_the_prefix_cache_when_asked() {
         b
     };
     let full = |v: &Value| (v["usage"]["prompt_tokens"].as_u64().unwrap() - 1) / 16 * 16;
-    let isolated = start("api-key");
+    let isolated = start(&["--api-key", "key-a,key-b", "--prefix-cache-isolation", "api-key"]);
     let (st, a1) = post_as(&isolated, Some("key-a"), "/v1/completions", body(None)).await;
     assert_eq!((st, cached(&a1)), (200, 0), "{a1}");
     let (_, a2) = post_as(&isolated, Some("key-a"), "/v1/completions", body(None)).await;
@@ -177,7 +159,7 @@ async fn an_api_key_scopes_the_prefix_cache_when_asked() {
     let (st, none) = post_as(&isolated, None, "/v1/completions", body(None)).await;
     assert_eq!(st, 401, "{none}");
     // Without isolation the two keys share.
-    let shared = start("none");
+    let shared = start(&["--api-key", "key-a,key-b"]);
     let (_, a) = post_as(&shared, Some("key-a"), "/v1/completions", body(None)).await;
     let (_, b) = post_as(&shared, Some("key-b"), "/v1/completions", body(None)).await;
     assert_eq!((cached(&a), cached(&b)), (0, full(&b)));
