@@ -48,13 +48,12 @@ pub(super) fn fcfs_plan(
     out.grants.extend(ctx.running.iter().filter(live).filter(|v| v.uncomputed() == 1).map(|v| grant(v, 1, true)));
     let mut open = true;
     for v in ctx.running.iter().filter(live).filter(|v| v.uncomputed() > 1) {
-        match chunk(v) {
-            0 => open = false,
-            n => out.grants.push(grant(v, n, true)),
-        }
-        if !open {
+        let n = chunk(v);
+        if n == 0 {
+            open = false;
             break;
         }
+        out.grants.push(grant(v, n, true));
     }
     // Waiting requests beyond what one step can start are left out: the mechanism would skip
     // them anyway, and the queue can be long.
