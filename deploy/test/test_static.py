@@ -329,8 +329,8 @@ def test_k8s_deployment_contract():
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert int(flag(c["args"], "--port")) == ports["http"]
     assert flag(c["args"], "--host") == "0.0.0.0"
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["httpGet"]["path"] == "/health" and c[probe]["httpGet"]["port"] in ("http", ports["http"]), probe
+    for probe, path in (("startupProbe", "/health"), ("readinessProbe", "/health"), ("livenessProbe", "/live")):
+        assert c[probe]["httpGet"]["path"] == path and c[probe]["httpGet"]["port"] in ("http", ports["http"]), probe
     drain = int(flag(c["args"], "--drain-timeout") or 30)
     pre = c.get("lifecycle", {}).get("preStop", {})
     pre_s = int(pre["exec"]["command"][-1]) if "exec" in pre else pre.get("sleep", {}).get("seconds", 0)

@@ -184,6 +184,16 @@ pub struct SchedulerStats {
     /// What smooth's door has seen and done (`None` for a policy without a door of its own).
     #[serde(default)]
     pub door: Option<policy::DoorStats>,
+    /// Prompt tokens still to prefill, waiting requests' and running ones' together.
+    #[serde(default)]
+    pub queued_tokens: usize,
+    /// Tokens the running requests hold (prompt and output so far).
+    #[serde(default)]
+    pub running_tokens: usize,
+    /// Seconds until a request arriving now would start: the queued prompt tokens at full
+    /// prefill steps (the routers' load signal, `/get_load`).
+    #[serde(default)]
+    pub predicted_wait_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -911,6 +921,9 @@ impl Scheduler {
             prefix_cache_queries: self.prefix_queries,
             prefix_cache_hits: self.prefix_hits,
             door: self.decisions.door,
+            queued_tokens: self.queued_tokens,
+            running_tokens: self.live().filter(|r| r.state == State::Running).map(|r| r.tokens.len()).sum(),
+            predicted_wait_s: self.queue_drain_estimate(),
         }
     }
 }

@@ -463,7 +463,7 @@ async fn inference_routes_answer_only_the_allowed_hosts() {
 
 /// Request preparation (tokenizing, templates, grammars) is a bounded queue in front of eight
 /// threads. 16 clients at once, each preparation taking a second (`--debug-prepare-stall`), 12
-/// places (`--max-preparing`): 8 are prepared, 4 wait, 4 are answered 503 + Retry-After at
+/// places (`--max-preparing`): 8 are prepared, 4 wait, 4 are answered 429 + Retry-After at
 /// once; when the clients give up after 400 ms the 4 waiting drop out of the queue and are never
 /// prepared; `/health` answers throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,7 +488,7 @@ async fn request_preparation_is_bounded_and_forgets_clients_who_left() {
         answered.extend(h.await.unwrap());
     }
     assert_eq!(answered.len(), 4, "only the refusals came before the clients gave up: {answered:?}");
-    assert!(answered.iter().all(|(st, ra)| *st == 503 && ra.as_deref() == Some("1")), "{answered:?}");
+    assert!(answered.iter().all(|(st, ra)| *st == 429 && ra.as_deref() == Some("1")), "{answered:?}");
     // Once the eight running preparations end, every place is free, and nothing else ran.
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.state.preparing.available_permits() < 12 {

@@ -217,6 +217,7 @@ async fn a_failing_step_fails_only_its_requests_and_health_reflects_repeated_fai
         post(&s.url("/v1/completions"), &bad).await;
     }
     assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 503);
+    assert_eq!(common::ureq_get(&s.url("/live")).unwrap().0, 503, "failing steps are worth a restart");
     let (st, _, _) = post(&s.url("/v1/completions"), &good).await;
     assert_eq!(st, 200);
     assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 200);
@@ -264,6 +265,8 @@ async fn a_second_sigterm_ends_the_drain_at_once() {
     s.signal(libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(common::ureq_get(&s.url("/health")).unwrap().0, 503, "draining");
+    assert_eq!(common::ureq_get(&s.url("/ready")).unwrap().0, 503, "not ready while draining");
+    assert_eq!(common::ureq_get(&s.url("/live")).unwrap().0, 200, "but alive: no restart for a drain");
     assert_eq!(s.wait_exit(Duration::from_secs(2)), None, "the first signal waits for the drain");
     s.signal(libc::SIGTERM);
     assert_eq!(s.wait_exit(Duration::from_secs(10)), Some(1), "the second exits at once, with 1");

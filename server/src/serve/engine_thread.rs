@@ -59,6 +59,12 @@ pub struct EngineGauges {
     pub waiting: AtomicUsize,
     /// Requests running.
     pub running: AtomicUsize,
+    /// Prompt tokens still to prefill (waiting and running requests').
+    pub queued_tokens: AtomicUsize,
+    /// Tokens the running requests hold.
+    pub running_tokens: AtomicUsize,
+    /// Seconds until a request arriving now would start, in microseconds.
+    pub predicted_wait_us: AtomicU64,
     /// Requests the engine has finished, for any reason.
     pub finished: AtomicU64,
     /// Steps that failed in a row.
@@ -356,6 +362,9 @@ impl EngineLoop {
         let s = self.core.scheduler().stats();
         self.gauges.waiting.store(s.waiting, Ordering::Relaxed);
         self.gauges.running.store(s.running, Ordering::Relaxed);
+        self.gauges.queued_tokens.store(s.queued_tokens, Ordering::Relaxed);
+        self.gauges.running_tokens.store(s.running_tokens, Ordering::Relaxed);
+        self.gauges.predicted_wait_us.store((s.predicted_wait_s * 1e6).min(u64::MAX as f64) as u64, Ordering::Relaxed);
         let f = &s.finished;
         self.gauges.finished.store(f.stop + f.length + f.abort + f.dropped + f.error, Ordering::Relaxed);
         self.gauges.consecutive_failures.store(self.core.consecutive_failures(), Ordering::Relaxed);

@@ -113,7 +113,25 @@ pub fn record_connection_closed(reason: &'static str) {
 }
 
 /// Route patterns as exported (`handler` label values of `pace_http_requests_total`).
-pub const HTTP_HANDLERS: [&str; 8] = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics", "/version"];
+pub const HTTP_HANDLERS: [&str; 17] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/health",
+    "/ready",
+    "/live",
+    "/metrics",
+    "/version",
+    "/get_load",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+];
 
 /// The `handler` label of a matched route pattern (`other` for anything not in [`HTTP_HANDLERS`]).
 pub fn http_handler_label(pattern: &str) -> &'static str {
@@ -253,6 +271,10 @@ fn describe() {
     describe_gauge!("pace_num_requests_running", "Requests in the running batch.");
     describe_gauge!("pace_num_requests_waiting", "Requests waiting for admission or after preemption.");
     describe_gauge!(
+        "pace_predicted_wait_seconds",
+        "Seconds until a request arriving now would start: the prompt tokens queued, at full prefill steps (the load routers read, /get_load)."
+    );
+    describe_gauge!(
         "pace_sustained_overload",
         "smooth: 1 while its door judges the overload sustained: over its window (60 s) more new requests arrived than ran to their ends (closed-loop clients answering an end are not new demand); it then refuses requests that would wait behind others for more than a small share of their value. Else 0."
     );
@@ -367,6 +389,7 @@ pub fn record_length_error(ratio: f64) {
 pub fn publish_engine(s: &SchedulerStats) {
     gauge!("pace_num_requests_running").set(s.running as f64);
     gauge!("pace_num_requests_waiting").set(s.waiting as f64);
+    gauge!("pace_predicted_wait_seconds").set(s.predicted_wait_s);
     let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
     gauge!("pace_kv_cache_usage_perc").set(usage);
     counter!("pace_num_preemptions_total").absolute(s.preemptions);

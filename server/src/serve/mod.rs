@@ -71,7 +71,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 512, env = "PACE_MAX_QUEUE_REQUESTS")]
     pub max_queue_requests: usize,
     /// Most requests waiting for or in preparation (tokenizing, chat templates, grammars) at
-    /// once; beyond it new requests get 503 with Retry-After. Eight are prepared at a time; one
+    /// once; beyond it new requests get 429 with Retry-After. Eight are prepared at a time; one
     /// whose client leaves while it waits is dropped without being prepared.
     #[arg(long, default_value_t = 512, env = "PACE_MAX_PREPARING")]
     pub max_preparing: usize,
@@ -86,6 +86,12 @@ pub struct ServeArgs {
     /// keys never reuse, nor time, each other's prompts).
     #[arg(long, value_enum, default_value = "none", env = "PACE_PREFIX_CACHE_ISOLATION")]
     pub prefix_cache_isolation: CacheIsolation,
+    /// The shape of `GET /get_load` for the router in front (docs/fleet.md): `sglang` (SGLang's
+    /// model gateway, `[{"num_tokens", ...}]`) or `vllm` (vLLM's router, `{"load": N}`); the two
+    /// routers poll the same path with the same headers and read different shapes. A request's
+    /// `?format=` overrides it.
+    #[arg(long, value_enum, default_value = "sglang", env = "PACE_LOAD_FORMAT")]
+    pub load_format: LoadFormat,
     /// Host names (comma separated; `*.example.com` for any subdomain) that inference requests
     /// may name in `Host` or the HTTP/2 authority; any other is a 400. Guards a server on
     /// 127.0.0.1 against DNS rebinding from a browser. `/health`, `/metrics` and `/version` are
@@ -317,6 +323,15 @@ pub enum CacheIsolation {
     ApiKey,
 }
 
+/// `--load-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// `[{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "predicted_wait_s"}]`.
+    Sglang,
+    /// `{"load": N}`, N the requests running and waiting.
+    Vllm,
+}
+
 /// Checks the flags and builds the shared state (phase `Loading`) and the metrics recorder.
 fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
     let source = ModelSource::parse(args.engine.model.as_deref())?;
@@ -345,6 +360,7 @@ fn prepare(args: &ServeArgs) -> Result<(Arc<AppState>, SloParams)> {
             .collect(),
         api_key_digests: args.api_key.iter().map(|k| <sha2::Sha256 as sha2::Digest>::digest(k.expose().as_bytes()).into()).collect(),
         cache_per_key: args.prefix_cache_isolation == CacheIsolation::ApiKey,
+        load_format: args.load_format,
         max_body_bytes: args.max_body_bytes,
         body_timeout_s: args.body_timeout,
         sse_keepalive_s: args.sse_keepalive,
@@ -547,6 +563,13 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
         cache_dtype: format!("{kv_dtype:?}").to_lowercase(),
         enable_prefix_caching: sc.enable_prefix_caching,
     });
+    let shape = crate::serve::state::EngineShape {
+        model_path: args.engine.model.clone().unwrap_or_else(|| state.model_name().to_string()),
+        block_size: sc.block_size,
+        num_blocks: sc.num_kv_blocks,
+        max_num_seqs: sc.max_num_seqs,
+        max_batch_tokens: sc.max_batch_tokens,
+    };
     let trace = match &args.step_trace {
         Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p).with_context(|| format!("opening --step-trace {}", p.display()))?),
         None => None,
@@ -562,7 +585,15 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
     let engine = engine_thread::spawn(core, origin, on_fatal, step_timeout)?;
     let ok = state
         .loaded
-        .set(Loaded { tokenizer, template: loaded.chat_template, engine, max_model_len: loaded.max_model_len, scheduler: args.scheduler.clone(), grammars })
+        .set(Loaded {
+            tokenizer,
+            template: loaded.chat_template,
+            engine,
+            max_model_len: loaded.max_model_len,
+            scheduler: args.scheduler.clone(),
+            shape,
+            grammars,
+        })
         .is_ok();
     if !ok {
         bail!("model loaded twice");

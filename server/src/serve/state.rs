@@ -21,6 +21,8 @@ pub struct ServeConfig {
     pub api_key_digests: Vec<[u8; 32]>,
     /// `--prefix-cache-isolation api-key`: the bearer token joins the prefix-cache salt.
     pub cache_per_key: bool,
+    /// The shape of `/get_load`.
+    pub load_format: super::LoadFormat,
     /// Host names inference requests may name (`--allowed-hosts`, lower case); empty: any.
     pub allowed_hosts: Vec<String>,
     /// Largest request body, bytes.
@@ -92,9 +94,26 @@ pub struct Loaded {
     pub max_model_len: usize,
     /// Scheduler policy name.
     pub scheduler: String,
+    /// The engine's shape, as `/server_info` reports it to routers.
+    pub shape: EngineShape,
     /// The grammar engine for structured outputs (None if the model has no end-of-generation
     /// token to end a constrained output with).
     pub grammars: Option<Arc<pace_models::constraint::Grammars>>,
+}
+
+/// The engine's shape, fixed at load.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EngineShape {
+    /// What `--model` named (the default model's name when it was not given).
+    pub model_path: String,
+    /// Tokens per KV-cache block.
+    pub block_size: usize,
+    /// KV-cache blocks.
+    pub num_blocks: usize,
+    /// Most requests in a step.
+    pub max_num_seqs: usize,
+    /// Most tokens in a step.
+    pub max_batch_tokens: usize,
 }
 
 /// Everything the handlers share.

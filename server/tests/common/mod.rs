@@ -21,14 +21,18 @@ pub struct Server {
     pub log: PathBuf,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Server {
     /// Starts `pace serve` with small defaults plus `args`, and waits for `/health` = 200.
     pub fn start(args: &[&str]) -> Server {
-        let port = free_port();
+        Self::start_at(free_port(), args)
+    }
+
+    /// As [`Server::start`], on `port` (a replica restarted where a router knows it).
+    pub fn start_at(port: u16, args: &[&str]) -> Server {
         let log = std::env::temp_dir().join(format!("pace-test-{}-{port}.log", std::process::id()));
         let logf = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pace"));
@@ -53,6 +57,19 @@ impl Server {
         let server = Server { child: Mutex::new(Some(child)), base: format!("http://127.0.0.1:{port}"), log };
         server.wait_healthy(Duration::from_secs(240));
         server
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port")
+    }
+
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// Waits until `/health` answers 200.

@@ -18,7 +18,7 @@ use crate::serve::metrics;
 use crate::serve::state::{AppState, InflightGuard, Loaded, Phase, ServeConfig};
 
 /// The loaded model, or 503 while loading or draining.
-fn ready(state: &AppState) -> Result<&Loaded, ApiError> {
+pub(super) fn ready(state: &AppState) -> Result<&Loaded, ApiError> {
     match (state.phase(), state.loaded.get()) {
         (Phase::Ready, Some(l)) => Ok(l),
         (Phase::Draining, _) => {
@@ -80,17 +80,18 @@ fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 /// Runs CPU-heavy request work (tokenization, chat templates, grammars) on tokio's blocking
 /// pool, so the async workers (two on a 2-core machine) keep answering `/health` and streaming
-/// tokens. The queue for it is bounded (`--max-preparing`: more is a 503) and lives here, in the
+/// tokens. The queue for it is bounded (`--max-preparing`: more is a 429) and lives here, in the
 /// handler: a request whose client leaves while it waits drops out of the queue with its
 /// handler, and is never prepared.
-async fn off_the_workers<T: Send + 'static>(
+pub(super) async fn off_the_workers<T: Send + 'static>(
     state: &Arc<AppState>,
     work: impl FnOnce(&ServeConfig, &Loaded) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let Ok(place) = state.preparing.clone().try_acquire_owned() else {
         metrics::record_rejected("preparing_full");
         let n = state.config.max_preparing;
-        return Err(ApiError::Unavailable { message: format!("too many requests are being prepared ({n}); retry shortly"), retry_after_s: 1.0 });
+        // Busy, not unready: a 429, as every refusal of work; 503 means loading or draining.
+        return Err(ApiError::Overloaded { message: format!("too many requests are being prepared ({n}); retry shortly"), retry_after_s: 1.0 });
     };
     let turn = state.preparing_now.clone().acquire_owned().await.map_err(|_| ApiError::Internal("request preparation is closed".into()))?;
     let state = state.clone();
@@ -222,6 +223,30 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         _ => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
     };
     (code, axum::Json(json!({"status": status}))).into_response()
+}
+
+/// `GET /live`: liveness, for an orchestrator deciding whether to restart the process: 200
+/// while it loads, serves or drains; 503 only for what a restart cures (the engine hung or
+/// stopped, model steps failing). `/health` is readiness: routers and load balancers stop
+/// sending when it turns 503, draining included (docs/fleet.md).
+pub async fn live(State(state): State<Arc<AppState>>) -> Response {
+    let broken = state.loaded.get().and_then(|l| {
+        let g = &l.engine.gauges;
+        if g.hung.load(std::sync::atomic::Ordering::Acquire) {
+            Some("engine hung: a step made no progress")
+        } else if g.stopped.load(std::sync::atomic::Ordering::Acquire) && state.phase() != Phase::Draining {
+            Some("engine stopped")
+        } else if g.consecutive_failures.load(std::sync::atomic::Ordering::Relaxed) >= state.config.unhealthy_after_failures {
+            Some("unhealthy: model steps are failing")
+        } else {
+            None
+        }
+    });
+    let broken = broken.or((state.phase() == Phase::Failed).then_some("model failed to load"));
+    match broken {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": why}))).into_response(),
+        None => axum::Json(json!({"status": "alive"})).into_response(),
+    }
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod extract;
+pub mod fleet;
 pub mod generation;
 pub mod handlers;
 pub mod respond;
@@ -25,7 +26,8 @@ use error::ApiError;
 use super::state::AppState;
 
 /// The router: inference routes behind the Host check and the API key (when they are set);
-/// `/health`, `/metrics` and `/version` stay open for probes and scrapers.
+/// `/health`, `/metrics`, `/version` and what routers poll (`/get_load`, `/server_info`,
+/// `/model_info`) stay open for probes, scrapers and routers.
 pub fn app(state: Arc<AppState>) -> Router {
     let inference = Router::new()
         .route("/v1/completions", post(handlers::completions))
@@ -33,13 +35,22 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(handlers::models))
         .route("/tokenize", post(handlers::tokenize))
         .route("/detokenize", post(handlers::detokenize))
+        .route("/v1/chat/completions/render", post(fleet::render_chat))
+        .route("/v1/completions/render", post(fleet::render_completion))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), check_host));
     Router::new()
         .merge(inference)
         .route("/health", get(handlers::health))
+        .route("/ready", get(handlers::health))
+        .route("/live", get(handlers::live))
         .route("/metrics", get(handlers::metrics))
         .route("/version", get(handlers::version))
+        .route("/get_load", get(fleet::get_load))
+        .route("/server_info", get(fleet::server_info))
+        .route("/get_server_info", get(fleet::server_info))
+        .route("/model_info", get(fleet::model_info))
+        .route("/get_model_info", get(fleet::model_info))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn(count_http))

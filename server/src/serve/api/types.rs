@@ -15,6 +15,12 @@
 //! reads at; default `--reading-rate`) and `ttft_grace` (seconds before the first token is due;
 //! default `--ttft-grace`, which is in milliseconds). `cache_salt` (vLLM's): requests share
 //! cached prefixes only with requests of the same salt; a salt of one's own opts out.
+//!
+//! Fields the routers add to every request they forward (SGLang's model gateway and vLLM's
+//! router, docs/fleet.md): `no_stop_trim` (SGLang's name for `include_stop_str_in_output`),
+//! `separate_reasoning`, `stream_reasoning` and `include_reasoning` (accepted: pace has no
+//! reasoning parser, so the whole answer is `content`, as with either server for a model
+//! without one) and `return_hidden_states` (`false` only).
 
 use std::collections::BTreeMap;
 
@@ -102,6 +108,11 @@ pub struct CommonParams {
     pub guided_grammar: Option<String>,
     pub guided_decoding_backend: Option<String>,
     pub guided_whitespace_pattern: Option<String>,
+    pub no_stop_trim: Option<bool>,
+    pub separate_reasoning: Option<bool>,
+    pub stream_reasoning: Option<bool>,
+    pub include_reasoning: Option<bool>,
+    pub return_hidden_states: Option<bool>,
 }
 
 /// Defines a request body struct with its own fields plus every [`CommonParams`] field, and a
@@ -144,14 +155,19 @@ macro_rules! with_common_params {
             pub guided_grammar: Option<String>,
             pub guided_decoding_backend: Option<String>,
             pub guided_whitespace_pattern: Option<String>,
+            pub no_stop_trim: Option<bool>,
+            pub separate_reasoning: Option<bool>,
+            pub stream_reasoning: Option<bool>,
+            pub include_reasoning: Option<bool>,
+            pub return_hidden_states: Option<bool>,
         }
 
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonParams {
                 // Field by field: the prompt or messages (up to the body limit) are not copied.
-                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, cache_salt, response_format, structured_outputs, guided_json, guided_regex, guided_choice, guided_grammar, guided_decoding_backend, guided_whitespace_pattern, .. } = self;
-                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone(), cache_salt: cache_salt.clone(), response_format: response_format.clone(), structured_outputs: structured_outputs.clone(), guided_json: guided_json.clone(), guided_regex: guided_regex.clone(), guided_choice: guided_choice.clone(), guided_grammar: guided_grammar.clone(), guided_decoding_backend: guided_decoding_backend.clone(), guided_whitespace_pattern: guided_whitespace_pattern.clone() }
+                let Self { model, max_tokens, temperature, top_p, n, stream, stream_options, stop, presence_penalty, frequency_penalty, seed, user, logit_bias, top_k, min_p, min_tokens, ignore_eos, repetition_penalty, stop_token_ids, skip_special_tokens, include_stop_str_in_output, reading_rate, ttft_grace, priority, cache_salt, response_format, structured_outputs, guided_json, guided_regex, guided_choice, guided_grammar, guided_decoding_backend, guided_whitespace_pattern, no_stop_trim, separate_reasoning, stream_reasoning, include_reasoning, return_hidden_states, .. } = self;
+                CommonParams { model: model.clone(), max_tokens: max_tokens.clone(), temperature: temperature.clone(), top_p: top_p.clone(), n: n.clone(), stream: stream.clone(), stream_options: stream_options.clone(), stop: stop.clone(), presence_penalty: presence_penalty.clone(), frequency_penalty: frequency_penalty.clone(), seed: seed.clone(), user: user.clone(), logit_bias: logit_bias.clone(), top_k: top_k.clone(), min_p: min_p.clone(), min_tokens: min_tokens.clone(), ignore_eos: ignore_eos.clone(), repetition_penalty: repetition_penalty.clone(), stop_token_ids: stop_token_ids.clone(), skip_special_tokens: skip_special_tokens.clone(), include_stop_str_in_output: include_stop_str_in_output.clone(), reading_rate: reading_rate.clone(), ttft_grace: ttft_grace.clone(), priority: priority.clone(), cache_salt: cache_salt.clone(), response_format: response_format.clone(), structured_outputs: structured_outputs.clone(), guided_json: guided_json.clone(), guided_regex: guided_regex.clone(), guided_choice: guided_choice.clone(), guided_grammar: guided_grammar.clone(), guided_decoding_backend: guided_decoding_backend.clone(), guided_whitespace_pattern: guided_whitespace_pattern.clone(), no_stop_trim: *no_stop_trim, separate_reasoning: *separate_reasoning, stream_reasoning: *stream_reasoning, include_reasoning: *include_reasoning, return_hidden_states: *return_hidden_states }
             }
         }
     };

@@ -429,6 +429,9 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
     if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::param("logit_bias", "logit_bias is not supported"));
     }
+    if c.return_hidden_states == Some(true) {
+        return Err(ApiError::param("return_hidden_states", "return_hidden_states is not supported (only false)"));
+    }
     if let Some(lp) = logprobs {
         if lp > cfg.max_logprobs {
             return Err(ApiError::param("logprobs", format!("at most {} logprobs are allowed, got {lp}", cfg.max_logprobs)));
@@ -468,7 +471,7 @@ fn gen_params(c: &CommonParams, cfg: &ServeConfig, vocab: usize, max_tokens: (Op
         default_max_tokens: cfg.max_request_output_tokens.max(1).min(cfg.sampling.max_tokens.unwrap_or(usize::MAX)),
         min_tokens,
         stop,
-        include_stop_str: c.include_stop_str_in_output.unwrap_or(false),
+        include_stop_str: c.include_stop_str_in_output.unwrap_or(false) || c.no_stop_trim.unwrap_or(false),
         stop_token_ids,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
