@@ -90,3 +90,32 @@ fn every_relative_link_in_the_markdown_names_a_tracked_file() {
     assert!(checked > 100, "only {checked} relative links found: the scan is broken");
     assert!(dead.is_empty(), "links to files git does not track:\n{}", dead.join("\n"));
 }
+
+/// The configuration reference cannot drift from the flags: every long flag `pace serve --help`
+/// lists (clap's own definitions) has a row in docs/configuration.md, and every row names a
+/// flag that exists.
+#[test]
+fn every_serve_flag_is_in_the_configuration_reference() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pace")).args(["serve", "--help"]).output().expect("pace serve --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let flags: BTreeSet<String> = help
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("--") || l.starts_with("-h, --"))
+        .filter_map(|l| l.trim_start_matches("-h, ").split([' ', '=', ',']).next().map(str::to_string))
+        .filter(|f| f != "--help")
+        .collect();
+    assert!(flags.len() > 40, "{flags:?}");
+    let doc = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| `--")).collect();
+    let missing: Vec<&String> = flags.iter().filter(|f| !rows.iter().any(|r| r.contains(&format!("`{f}`")))).collect();
+    assert!(missing.is_empty(), "flags of `pace serve --help` without a row in docs/configuration.md: {missing:?}");
+    let named: BTreeSet<String> = rows
+        .iter()
+        .flat_map(|r| r.split('|').nth(1).unwrap_or("").split('`').skip(1).step_by(2).map(|f| f.split(' ').next().unwrap_or("").to_string()))
+        .filter(|f| f.starts_with("--"))
+        .collect();
+    let unknown: Vec<&String> = named.iter().filter(|f| !flags.contains(*f) && !help.contains(&format!("[alias: {f}]"))).collect();
+    assert!(unknown.is_empty(), "rows of docs/configuration.md naming no flag of `pace serve --help`: {unknown:?}");
+}
