@@ -257,6 +257,7 @@ impl Req {
             last_token_time: self.last_token,
             max_lateness: self.max_lateness,
             num_preemptions: self.num_preemptions,
+            runs_to_max: self.stop_token_ids.is_empty(),
         }
     }
 
@@ -517,6 +518,7 @@ impl Scheduler {
             last_token_time: None,
             max_lateness: 0.0,
             num_preemptions: 0,
+            runs_to_max: req.stop_token_ids.is_empty(),
         };
         // The views are those of the last `schedule` plus the requests added since (a step
         // stale at most in their token counts, which keeps a burst of `add`s O(1) each), rebuilt
@@ -873,8 +875,11 @@ impl Scheduler {
         self.note_end(now);
         self.completed += u64::from(matches!(reason, FinishReason::Stop | FinishReason::Length));
         // What the request says about output lengths: a stop is an observed length; a cut
-        // (length limit, client gone, drop) only bounds it from below.
+        // (length limit, client gone, drop) only bounds it from below; one that no stop token
+        // could end says nothing about where answers end.
+        let forced = r.stop_token_ids.is_empty();
         match reason {
+            _ if forced => {}
             FinishReason::Stop => {
                 self.lengths.observe(r.max_output, r.num_output(), false);
                 if self.length_errors.len() < MAX_LENGTH_ERRORS && r.num_output() > 0 {

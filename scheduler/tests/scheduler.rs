@@ -443,6 +443,24 @@ fn smooth_caps_the_prefill_chunk_by_the_shallowest_buffer() {
 }
 
 #[test]
+fn requests_no_stop_token_can_end_teach_the_length_model_nothing() {
+    // Forty requests cut by max_tokens at 3: with stop ids each says its answer runs past 3
+    // tokens (a censored sample); without any (`ignore_eos`) it says nothing about answers.
+    let learned = |stop_token_ids: Vec<u32>| {
+        let mut h = Harness::new(small_cfg(), "fcfs");
+        for id in 0..40 {
+            h.add(NewRequest { stop_token_ids: stop_token_ids.clone(), ..request(id, 4, 3, h.now) }).unwrap();
+            while h.sched.stats().running + h.sched.stats().waiting > 0 {
+                h.step(0.01);
+            }
+        }
+        h.sched.length_model().observed()
+    };
+    assert_eq!(learned(vec![]), 0);
+    assert_eq!(learned(vec![1]), 40);
+}
+
+#[test]
 fn stats_report_in_flight_idle_latency() {
     let mut h = Harness::new(small_cfg(), "fcfs");
     h.add(request(1, 4, 3, 0.0)).unwrap();

@@ -53,6 +53,9 @@ pub struct SeqView {
     pub max_lateness: f64,
     /// Times it was preempted.
     pub num_preemptions: u32,
+    /// No stop token can end it (the client set `ignore_eos` and no `stop_token_ids`, as
+    /// benchmark clients do): it produces `max_output` tokens unless its client leaves.
+    pub runs_to_max: bool,
 }
 
 impl SeqView {
@@ -120,8 +123,12 @@ impl PolicyContext<'_> {
         tokens.div_ceil(self.block_size)
     }
 
-    /// Output tokens `v` is expected to produce still (learned lengths, at most its room).
+    /// Output tokens `v` is expected to produce still (learned lengths, at most its room; all
+    /// of its room when no stop token can end it).
     pub fn expected_remaining(&self, v: &SeqView) -> f64 {
+        if v.runs_to_max {
+            return v.max_output.saturating_sub(v.num_output) as f64;
+        }
         self.lengths.expected_remaining(v.num_output, v.max_output)
     }
 }

@@ -505,8 +505,8 @@ impl Policy for Smooth {
         }
         let c = ctx.cost.effective();
         let now = ctx.now;
-        // Its expected output (learned lengths, not max_tokens).
-        let rem = ctx.lengths.expected_total(req.max_output);
+        // Its expected output (learned lengths, not max_tokens, unless nothing can stop it).
+        let rem = ctx.expected_remaining(req);
         let n = rem.max(1.0);
 
         // Its first token: the prefill ahead of it at full steps, and its start by the start rule.

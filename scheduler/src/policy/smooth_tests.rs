@@ -31,6 +31,7 @@ fn seq(id: u64, arrival: f64, prompt: usize, output: usize, weight: f64) -> SeqV
         last_token_time: None,
         max_lateness: 0.0,
         num_preemptions: 0,
+        runs_to_max: false,
     }
 }
 
@@ -424,4 +425,18 @@ fn new_demand_is_not_hidden_among_chance_ends() {
     let (asked, follows) = counted(&arrivals, &answers);
     assert_eq!(follows, arrivals.len());
     assert_eq!(asked, 0.0);
+}
+
+/// A request no stop token can end (`ignore_eos`, no stop ids: what benchmark clients send)
+/// produces `max_tokens`: that, not the learned lengths, is what it is expected to produce.
+#[test]
+fn a_request_no_stop_token_can_end_is_expected_to_run_to_max_tokens() {
+    let (cost, lengths, slo) = (cost(), LengthModel::default(), SloParams::default());
+    let ctx = context(&[], &[], 0.0, (&cost, &lengths, &slo));
+    let forced = SeqView { max_output: 128, runs_to_max: true, ..seq(1, 0.0, 40, 0, 1.0) };
+    assert_eq!(ctx.expected_remaining(&forced), 128.0);
+    assert_eq!(ctx.expected_remaining(&SeqView { num_output: 100, ..forced }), 28.0);
+    // The prior (a mean of 256) expects fewer from one that may stop.
+    let free = SeqView { runs_to_max: false, ..forced };
+    assert!(ctx.expected_remaining(&free) < 110.0, "{}", ctx.expected_remaining(&free));
 }
