@@ -308,6 +308,37 @@ async fn the_router_contract_answers_from_one_replica() {
     let (trimmed, kept) = (stop(json!({})).await, stop(json!({"no_stop_trim": true})).await);
     assert!(kept.ends_with(',') && !trimmed.ends_with(',') && kept.starts_with(&trimmed), "{trimmed:?} {kept:?}");
 
+    // The llm-d router's objectives become the request's reading class: an hour of TTFT grace
+    // leaves nothing late; a header that is not milliseconds is a 400.
+    let with_headers = |id: &'static str, ttft: &'static str| {
+        let url = s.url("/v1/completions");
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .header("x-request-id", id)
+                .header("x-llm-d-slo-ttft-ms", ttft)
+                .header("x-llm-d-slo-tpot-ms", "200")
+                .json(&json!({"prompt": "Hello", "max_tokens": 4}))
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }
+    };
+    assert_eq!(with_headers("slo-hour", "3600000").await, 200);
+    assert_eq!(with_headers("slo-bad", "soon").await, 400);
+    let (st, _, _) = post(&s.url("/v1/completions"), &json!({"prompt": "Hello", "max_tokens": 4})).await;
+    assert_eq!(st, 200);
+    let idle = |log: &str| -> Option<String> {
+        let line = log.lines().find(|l| l.contains("request finished") && l.contains("cmpl-slo-hour"))?;
+        line.split("idle_s=").nth(1).map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while idle(&s.log_text()).is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(idle(&s.log_text()).as_deref(), Some("0.0"), "{}", s.log_text());
+
     let (st, load) = get(&s.url("/get_load")).await;
     let load: Value = serde_json::from_str(&load).unwrap();
     assert_eq!(st, 200);

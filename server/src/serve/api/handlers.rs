@@ -49,12 +49,22 @@ fn random_id(prefix: &str) -> String {
 
 /// `POST /v1/completions`.
 pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    generate(&state, &headers, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await
+    let class = slo_headers(&headers, &state.config)?;
+    generate(&state, &headers, move |cfg, l| with_class(cfg, class, |cfg| ValidRequest::completion(&req, cfg, l))).await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    generate(&state, &headers, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
+    let class = slo_headers(&headers, &state.config)?;
+    generate(&state, &headers, move |cfg, l| with_class(cfg, class, |cfg| ValidRequest::chat(&req, cfg, l))).await
+}
+
+/// Runs `f` with `class` as the default reading class, when a router's headers set one.
+fn with_class<T>(cfg: &ServeConfig, class: Option<pace_scheduler::slo::SloClass>, f: impl FnOnce(&ServeConfig) -> T) -> T {
+    match class {
+        None => f(cfg),
+        Some(class) => f(&ServeConfig { default_class: class, ..cfg.clone() }),
+    }
 }
 
 /// The prefix-cache salt of a request under `--prefix-cache-isolation api-key`: its bearer
@@ -76,6 +86,34 @@ fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         Ok(s) if ok(s) => Ok(Some(s.to_string())),
         _ => Err(ApiError::invalid("X-Request-Id must be 1 to 128 characters of A-Z, a-z, 0-9, '-', '_', '.' and ':'", None)),
     }
+}
+
+/// The llm-d router's per-request objectives, `x-llm-d-slo-ttft-ms` and `x-llm-d-slo-tpot-ms`:
+/// they become the request's defaults for `ttft_grace` (the TTFT objective) and `reading_rate`
+/// (one token per TPOT objective, clamped into `--reading-rate-range` as a body's would be), so
+/// a request's own body fields still win. A header that is not a positive number of
+/// milliseconds is a 400.
+fn slo_headers(headers: &HeaderMap, cfg: &ServeConfig) -> Result<Option<pace_scheduler::slo::SloClass>, ApiError> {
+    let ms = |name: &str| -> Result<Option<f64>, ApiError> {
+        let Some(v) = headers.get(name) else { return Ok(None) };
+        match v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok()) {
+            Some(x) if x.is_finite() && x > 0.0 && x <= 3.6e6 => Ok(Some(x)),
+            _ => Err(ApiError::invalid(format!("header {name} must be a positive number of milliseconds (at most an hour)"), None)),
+        }
+    };
+    let (ttft, tpot) = (ms("x-llm-d-slo-ttft-ms")?, ms("x-llm-d-slo-tpot-ms")?);
+    if ttft.is_none() && tpot.is_none() {
+        return Ok(None);
+    }
+    let mut class = cfg.default_class;
+    if let Some(t) = ttft {
+        class.grace = t / 1000.0;
+    }
+    if let Some(t) = tpot {
+        let (lo, hi) = cfg.reading_rate_range;
+        class.reading_rate = (1000.0 / t).clamp(lo, hi);
+    }
+    Ok(Some(class))
 }
 
 /// Runs CPU-heavy request work (tokenization, chat templates, grammars) on tokio's blocking
