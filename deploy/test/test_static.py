@@ -315,6 +315,91 @@ def test_k8s_kustomization_lists_every_manifest():
     assert set(CORE) | set(CRDS) == files, "new manifest: add it to CORE or CRDS in this test"
 
 
+LLMD = os.path.join(DEPLOY, "llm-d")
+
+
+def llmd_docs():
+    """Every document of deploy/llm-d, by kind (the EPP's config parsed out of its ConfigMap)."""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(LLMD, "*.yaml"))):
+        for d in yaml_docs(f):
+            if d and d.get("kind") != "Kustomization":
+                out.setdefault(d["kind"], []).append(d)
+    [cm] = out["ConfigMap"]
+    out["EndpointPickerConfig"] = [yaml.safe_load(cm["data"]["epp-config.yaml"])]
+    return out
+
+
+def test_llmd_kustomization_lists_every_manifest():
+    k = yaml_docs(os.path.join(LLMD, "kustomization.yaml"))[0]
+    files = {os.path.basename(f) for f in glob.glob(os.path.join(LLMD, "*.yaml"))} - {"kustomization.yaml"}
+    assert set(k["resources"]) == files
+
+
+@pytest.mark.parametrize("version", ["1.29.0", "1.37.0"])
+def test_llmd_core_resources_against_kubernetes_schemas(version, tmp_path):
+    """The EPP's Deployment, Service, RBAC and ConfigMap: offline, strict."""
+    docs = llmd_docs()
+    core = [d for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ConfigMap") for d in docs[kind]]
+    path = tmp_path / "core.yaml"
+    path.write_text(yaml.safe_dump_all(core))
+    out = run([tool("kubernetes-validate"), "--strict", "-k", version, str(path)])
+    assert "ERROR" not in out and out.count("passed") == len(core), out
+
+
+def test_llmd_pool_objective_and_picker_agree_with_pace():
+    """The fields llm-d documents as required, and the references between the resources: the
+    pool selects pace's pods on pace's port and names the EPP's Service and gRPC port; the
+    objective names the pool; the EPP serves that pool with the mounted config; the config's
+    plugin references resolve and its engine config names series pace exports, for the engine
+    label pace's pods carry."""
+    docs = llmd_docs()
+    [pool], [objective], [epp_cfg] = docs["InferencePool"], docs["InferenceObjective"], docs["EndpointPickerConfig"]
+    [dep] = yaml_docs(os.path.join(K8S, "deployment.yaml"))
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    [c] = dep["spec"]["template"]["spec"]["containers"]
+    pace_port = {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
+
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    assert set(spec) <= {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+    assert spec["selector"]["matchLabels"] and all(pod_labels.get(k) == v for k, v in spec["selector"]["matchLabels"].items())
+    assert [p["number"] for p in spec["targetPorts"]] == [pace_port]
+    ref = spec["endpointPickerRef"]
+    assert ref.get("kind", "Service") == "Service" and ref.get("failureMode", "FailClose") in ("FailOpen", "FailClose")
+    [svc] = [s for s in docs["Service"] if s["metadata"]["name"] == ref["name"]]
+    assert ref["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]]
+
+    assert objective["apiVersion"] == "llm-d.ai/v1alpha2"
+    assert objective["spec"]["poolRef"]["name"] == pool["metadata"]["name"] and isinstance(objective["spec"]["priority"], int)
+
+    [epp] = [d for d in docs["Deployment"] if d["metadata"]["name"] == ref["name"]]
+    assert all(svc["spec"]["selector"].get(k) == v for k, v in epp["spec"]["template"]["metadata"]["labels"].items() if k in svc["spec"]["selector"])
+    [e] = epp["spec"]["template"]["spec"]["containers"]
+    assert flag(e["args"], "--pool-name") == pool["metadata"]["name"]
+    assert int(flag(e["args"], "--grpc-port")) == ref["port"]["number"]
+    config_file = flag(e["args"], "--config-file")
+    [mount] = [m for m in e["volumeMounts"] if config_file.startswith(m["mountPath"] + "/")]
+    [vol] = [v for v in epp["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    [cm] = docs["ConfigMap"]
+    assert vol["configMap"]["name"] == cm["metadata"]["name"] and os.path.basename(config_file) in cm["data"]
+
+    assert epp_cfg["apiVersion"] == "llm-d.ai/v1alpha1" and epp_cfg["kind"] == "EndpointPickerConfig"
+    plugins = {p.get("name", p["type"]): p for p in epp_cfg["plugins"]}
+    refs = [p["pluginRef"] for prof in epp_cfg["schedulingProfiles"] for p in prof["plugins"]]
+    refs += [s["pluginRef"] for s in epp_cfg["dataLayer"]["sources"]]
+    refs += [x["pluginRef"] for s in epp_cfg["dataLayer"]["sources"] for x in s["extractors"]]
+    refs.append(epp_cfg["flowControl"]["saturationDetector"]["pluginRef"])
+    assert all(r in plugins for r in refs), [r for r in refs if r not in plugins]
+    extractor = plugins["core-metrics-extractor"]["parameters"]
+    [engine] = extractor["engineConfigs"]
+    assert pod_labels.get("llm-d.ai/engine-type") == engine["name"] == extractor["defaultEngine"]
+    exported = open(os.path.join(REPO, "server/src/serve/metrics.rs")).read()
+    for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "cacheInfoSpec"):
+        series = engine[key].split("{")[0]
+        assert f'"{series}"' in exported, f"{key}: pace exports no series {series}"
+
+
 def flag(args, name):
     return args[args.index(name) + 1] if name in args else None
 
