@@ -257,8 +257,13 @@ impl Req {
             last_token_time: self.last_token,
             max_lateness: self.max_lateness,
             num_preemptions: self.num_preemptions,
-            runs_to_max: self.stop_token_ids.is_empty(),
+            runs_to_max: self.runs_to_max(),
         }
+    }
+
+    /// No stop token can end it: it produces `max_output` unless its client leaves.
+    fn runs_to_max(&self) -> bool {
+        self.stop_token_ids.is_empty()
     }
 
     fn idle_at(&self, now: f64) -> f64 {
@@ -877,9 +882,8 @@ impl Scheduler {
         // What the request says about output lengths: a stop is an observed length; a cut
         // (length limit, client gone, drop) only bounds it from below; one that no stop token
         // could end says nothing about where answers end.
-        let forced = r.stop_token_ids.is_empty();
         match reason {
-            _ if forced => {}
+            _ if r.runs_to_max() => {}
             FinishReason::Stop => {
                 self.lengths.observe(r.max_output, r.num_output(), false);
                 if self.length_errors.len() < MAX_LENGTH_ERRORS && r.num_output() > 0 {

@@ -53,14 +53,7 @@ impl Router {
         // Each router also serves its own Prometheus port (29000 by default): one each.
         cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--prometheus-port", &free_port().to_string()]).args(args);
         cmd.stdin(Stdio::null()).stdout(f.try_clone().unwrap()).stderr(f);
-        #[cfg(target_os = "linux")]
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        common::die_with_test(&mut cmd);
         let child = cmd.spawn().expect("starting the router");
         Router { child, base: format!("http://127.0.0.1:{port}"), log }
     }

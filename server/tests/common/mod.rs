@@ -12,6 +12,18 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::Value;
 
+/// The child dies with the test process even when a test panics.
+pub fn die_with_test(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 /// A running server; killed on drop.
 pub struct Server {
     child: Mutex<Option<Child>>,
@@ -44,15 +56,7 @@ impl Server {
             }
         }
         cmd.args(args).env("RUST_LOG", "info").stdin(Stdio::null()).stdout(logf.try_clone().unwrap()).stderr(logf);
-        // The server dies with the test process even when a test panics.
-        #[cfg(target_os = "linux")]
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        die_with_test(&mut cmd);
         let child = cmd.spawn().expect("spawning pace serve");
         let server = Server { child: Mutex::new(Some(child)), base: format!("http://127.0.0.1:{port}"), log };
         server.wait_healthy(Duration::from_secs(240));

@@ -30,8 +30,7 @@ pub struct LoadQuery {
 /// `num_tokens` is the work on the replica in tokens: the prompt tokens still to prefill and
 /// the tokens the running requests hold.
 pub async fn get_load(State(state): State<Arc<AppState>>, Query(q): Query<LoadQuery>) -> Result<Response, ApiError> {
-    let l = state.loaded.get().ok_or_else(|| ApiError::Unavailable { message: "the model is loading".into(), retry_after_s: 5.0 })?;
-    let g = &l.engine.gauges;
+    let g = &loaded(&state)?.engine.gauges;
     let (running, waiting) = (g.running.load(Ordering::Relaxed), g.waiting.load(Ordering::Relaxed));
     let tokens = g.queued_tokens.load(Ordering::Relaxed) + g.running_tokens.load(Ordering::Relaxed);
     let wait = g.predicted_wait_us.load(Ordering::Relaxed) as f64 / 1e6;
