@@ -404,11 +404,13 @@ fn drop_late_keeps_steps_with_decodes_within_the_tpot_limit() {
 fn smooth_rejects_at_the_door_when_the_queue_would_make_a_request_late() {
     let cfg = SchedulerConfig { max_num_seqs: 2, max_batch_tokens: 16, ..small_cfg() };
     let mut sched = Scheduler::new(cfg, Box::new(Smooth::new(SmoothConfig::default())));
-    // Each prompt needs many slow steps (1.6 ms a token at the default prior): a long queue of
-    // them predicts a first token far past its reading deadline.
+    // Each prompt needs many slow steps (1.6 ms a token at the default prior) and none runs: new
+    // requests arriving twice a second fall due without completing (a sustained overload), and
+    // the queue ahead of a newcomer predicts a first token far past its reading deadline.
     let mut rejected = None;
     for id in 0..200 {
-        if let Err(r) = sched.add(request(id, 100, 5, 0.0), 0.0) {
+        let t = id as f64 * 0.5;
+        if let Err(r) = sched.add(request(id, 100, 5, t), t) {
             rejected = Some(r);
             break;
         }

@@ -572,13 +572,24 @@ async fn the_lifecycle_holds_under_every_policy() {
         }
         s.until(120, &format!("{policy}: idle after the burst"), |r, w| r + w == 0).await;
         match policy {
-            // Smooth refuses at the door, before any SSE byte, a request that waiting would make
-            // worth less than nothing: 1 token for a reader with no grace, while the one seat
-            // (--max-num-seqs 1) is held by a stream paced at its reader's 5 tokens/s.
+            // Smooth refuses at the door, before any SSE byte, under a sustained overload: the
+            // one seat (--max-num-seqs 1) is held by a long stream, and new requests (1 token each, for readers with no grace) keep arriving and fall
+            // due while none completes; the third waits long past its reading deadline. (A
+            // fresh server: the burst above completed within the door's window.)
             "smooth" => {
-                let (url, body) = (s.url("/v1/completions"), json!({"prompt": "busy", "max_tokens": 50, "ignore_eos": true}));
-                let busy = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() });
+                let s = Srv::start(&["--scheduler", "smooth", "--max-num-seqs", "1", "--max-queue-requests", "3"], LOOSE).await;
+                let send = |prompt: &str, max_tokens: u32| {
+                    let (url, body) = (s.url("/v1/completions"), json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "ttft_grace": 0}));
+                    tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().status().as_u16() })
+                };
+                let busy = send("busy", 480);
                 s.until(60, "smooth: the busy request running", |r, _| r == 1).await;
+                let mut queued = Vec::new();
+                for prompt in ["first", "second"] {
+                    queued.push(send(prompt, 1));
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                s.until(1, "smooth: both queued behind the busy request", |r, w| r == 1 && w == 2).await;
                 let r = reqwest::Client::new()
                     .post(s.url("/v1/completions"))
                     .json(&json!({"prompt": "late", "max_tokens": 1, "ttft_grace": 0, "stream": true}))
@@ -593,6 +604,9 @@ async fn the_lifecycle_holds_under_every_policy() {
                 assert!(retry.is_some_and(|r| r >= 1), "smooth: Retry-After {retry:?}");
                 assert!(v["error"]["message"].as_str().unwrap().contains("predicted_late"), "{v}");
                 assert_eq!(busy.await.unwrap(), 200);
+                for q in queued {
+                    assert_eq!(q.await.unwrap(), 200, "smooth: the queued requests are served");
+                }
             }
             // Drop-late ends a queued request that has missed its TTFT with an error event.
             "drop-late" => {

@@ -183,10 +183,8 @@ pub struct DoorStats {
     /// Arrivals within moments of the end of another request (finished, left or refused):
     /// closed-loop clients answering it, not counted as new demand.
     pub returns: u64,
-    /// Refused as worth less than nothing queued (rule 1a).
-    pub refused_worthless: u64,
-    /// Refused for the wait they would add under sustained overload (rule 1b).
-    pub refused_overload: u64,
+    /// Refused for the wait they would add under sustained overload.
+    pub refused: u64,
 }
 
 /// A scheduling policy. Implementations decide; they never allocate blocks or touch requests.

@@ -13,14 +13,15 @@
 //!    `u = r50 * (q_max * base + sum_i q_i * c_i)` is the share of the machine's time the
 //!    batch needs to feed every reader at its rate (`c_i` a stream's machine seconds per output
 //!    token: its decode, its KV reads, and the prefill its replacement will need per token;
-//!    `r50` the median of measured over predicted step times). It refuses only (a) a request
-//!    whose predicted benefit is below zero where alone it would not be, or (b) under
+//!    `r50` the median of measured over predicted step times). It refuses only under
 //!    sustained open-loop overload ([`Demand`]: the requests of new demand, ones that do not
 //!    answer the end of another request, that fell due (their users would have read them) but
 //!    did not run to their end grew over the last `window_s`, and new demand still outpaces
-//!    completions), one whose predicted idle beyond what it would lose alone costs more than
-//!    `max_loss` of its expected value. A client that comes straight back after a refusal frees
-//!    nothing: its return is not refused. A burst the machine serves on time is not overload.
+//!    completions), a request whose predicted idle beyond what it would lose alone costs more
+//!    than `max_loss` of its expected value. Without that evidence a refusal frees nothing, even
+//!    for a request worth less than nothing queued: a closed loop's client sends its next
+//!    request into the same queue, and a burst is served anyway. A client that comes straight
+//!    back after a refusal frees nothing either: its return is not refused.
 //! 2. **Start** ([`Limits::admits`], the one start rule: the batch, the door's predicted start
 //!    and its reports use it): a waiting request joins the batch while the running streams and
 //!    it hold no more KV blocks at their expected ends than the pool has, and fit its places.
@@ -62,7 +63,7 @@ const OVER_MARGIN: f64 = 1.1;
 const ONGOING_S: f64 = 10.0;
 /// How far before an arrival (seconds) the door looks for an end that fell there by chance.
 const CONTROL_S: f64 = 0.5;
-/// A queue this long is not simulated for the door's prediction (it is refused as worthless).
+/// A queue this long is not simulated for the door's prediction (its wait is taken as endless).
 const MAX_QUEUE_SIMULATED: usize = 4096;
 
 /// smooth's configuration: its four rules can each be switched off for an ablation, and the
@@ -550,22 +551,31 @@ impl Policy for Smooth {
         let idle_alone = (now + alone - deadline).max(0.0) + behind(self.util.1);
         let slo = ctx.slo;
         let loss = |l: f64| slo.alpha * slo.penalty.apply(l);
-        // What the others cost it; what it would lose alone no policy can avoid.
+        // What the others cost it; what it would lose alone no policy can avoid. Refused only
+        // under sustained open-loop overload: without it a refusal frees nothing (the client
+        // comes back, or the burst is served anyway), even for a request worth less than nothing
+        // queued (a closed loop's refused client sends its next request into the same queue).
         let queue_loss = loss(idle) - loss(idle_alone);
-        // (a) Worth less than nothing queued, (b) displacing later arrivals under overload.
-        let worthless = queue_loss > 0.0 && n - loss(idle) < 0.0;
-        let displaces = overloaded && queue_loss > self.cfg.max_loss * n;
-        if !(worthless || displaces) {
+        if !(overloaded && queue_loss > self.cfg.max_loss * n) {
             return Ok(());
         }
         self.demand.refused(now);
-        if worthless {
-            self.stats.refused_worthless += 1;
-        } else {
-            self.stats.refused_overload += 1;
-        }
+        self.stats.refused += 1;
+        tracing::debug!(
+            id = req.id,
+            expected_tokens = n,
+            wait_s = wait,
+            start_in_s = start - now,
+            util = self.util.0,
+            util_alone = self.util.1,
+            idle_s = idle,
+            idle_alone_s = idle_alone,
+            running = ctx.running.len(),
+            waiting = ctx.waiting.len(),
+            "smooth door refuses"
+        );
         // Retry when the wait it would add is what the rule accepts.
-        let ok_loss = if worthless { n } else { loss(idle_alone) + self.cfg.max_loss * n };
+        let ok_loss = loss(idle_alone) + self.cfg.max_loss * n;
         let retry = idle - idle_for_loss(slo.penalty, slo.alpha, ok_loss).min(idle);
         Err((RejectReason::PredictedLate, retry.max(t_full).min(3600.0)))
     }
