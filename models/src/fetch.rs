@@ -40,15 +40,52 @@ pub fn cache_dir() -> Result<PathBuf> {
     }
 }
 
-/// Path of the default model, fetching it first if it is not cached yet.
+/// Path of the default model, fetching it first if it is not cached yet or the cached file
+/// fails its checksum (a truncated or altered file is fetched again, never served).
 pub fn default_model_path() -> Result<PathBuf> {
     let dir = cache_dir()?;
     let path = dir.join(DEFAULT_MODEL_FILE);
-    if path.metadata().map(|m| m.len() == DEFAULT_MODEL_BYTES).unwrap_or(false) {
-        return Ok(path);
+    if path.is_file() {
+        if verified(&path, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_BYTES)? {
+            return Ok(path);
+        }
+        eprintln!("pace: the cached {} fails its sha256 check; fetching it again", path.display());
     }
     fetch_into(&dir)?;
     Ok(path)
+}
+
+/// Whether `path` has `len` bytes and the SHA-256 `sha256`. The whole file is hashed once; a
+/// stamp beside it (`FILE.sha256`: digest, size and modification time) lets later starts skip
+/// the hashing while the file is unchanged. Any change of size or time hashes it again.
+pub fn verified(path: &Path, sha256: &str, len: u64) -> Result<bool> {
+    let meta = path.metadata().map_err(|e| Error::io(path, e))?;
+    if meta.len() != len {
+        return Ok(false);
+    }
+    let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+    let want = format!("{sha256} {len} {mtime}\n");
+    let stamp = stamp_path(path);
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(true);
+    }
+    if sha256_file(path)? != sha256 {
+        let _ = std::fs::remove_file(&stamp);
+        return Ok(false);
+    }
+    // Written aside and renamed: concurrent starts each leave a whole stamp. A read-only cache
+    // only costs the hashing again next time.
+    let part = stamp.with_extension(format!("sha256.{}", std::process::id()));
+    if std::fs::write(&part, &want).is_ok() && std::fs::rename(&part, &stamp).is_err() {
+        let _ = std::fs::remove_file(&part);
+    }
+    Ok(true)
+}
+
+fn stamp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".sha256");
+    path.with_file_name(name)
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
@@ -116,4 +153,37 @@ fn fetch_steps(dir: &Path, tmp: &Path) -> Result<()> {
     std::fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))?;
     eprintln!("pace:   cached at {}", dest.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file is trusted by its stamp only while its size and time are unchanged: an altered
+    /// file of the same size, or a stamp that lies, is hashed again and fails.
+    #[test]
+    fn a_cached_file_is_trusted_only_by_its_checksum() {
+        let dir = std::env::temp_dir().join(format!("pace-verify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.gguf");
+        std::fs::write(&path, b"weights").unwrap();
+        let good = sha256_file(&path).unwrap();
+        assert!(!verified(&path, &good, 8).unwrap(), "wrong size");
+        assert!(!verified(&path, &"0".repeat(64), 7).unwrap(), "wrong digest");
+        assert!(!stamp_path(&path).exists(), "a failed check leaves no stamp");
+        assert!(verified(&path, &good, 7).unwrap());
+        let stamp = std::fs::read_to_string(stamp_path(&path)).unwrap();
+        assert!(stamp.starts_with(&good), "{stamp}");
+        assert!(verified(&path, &good, 7).unwrap(), "the stamp is read");
+        // Same size, other bytes, a later time: hashed again, and refused.
+        std::fs::write(&path, b"WEIGHTS").unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(later).unwrap();
+        assert!(!verified(&path, &good, 7).unwrap());
+        assert!(!stamp_path(&path).exists());
+        // A stamp that names the digest but not this file's time is not trusted.
+        std::fs::write(stamp_path(&path), format!("{good} 7 0\n")).unwrap();
+        assert!(!verified(&path, &good, 7).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
