@@ -111,7 +111,7 @@ impl Srv {
     }
 }
 
-const LOOSE: ConnLimits = ConnLimits { header_timeout: Duration::from_secs(30), max_connections: 256 };
+const LOOSE: ConnLimits = ConnLimits { header_timeout: Duration::from_secs(30), keep_alive: Duration::from_secs(120), max_connections: 256 };
 
 /// SSE `data:` payloads of a raw body.
 fn data_frames(raw: &str) -> Vec<&str> {
@@ -283,7 +283,7 @@ async fn read_to_close(c: &mut TcpStream, secs: u64) -> Result<Vec<u8>, ()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_slow_and_surplus_connections_are_cut() {
-    let limits = ConnLimits { header_timeout: Duration::from_millis(600), max_connections: 3 };
+    let limits = ConnLimits { header_timeout: Duration::from_millis(600), keep_alive: Duration::from_secs(60), max_connections: 3 };
     let s = Srv::start(&["--scheduler", "fcfs", "--body-timeout", "0.6"], limits).await;
     // A connection that sends nothing, and one that sends its headers a byte at a time.
     let mut silent = TcpStream::connect(s.addr).await.unwrap();
@@ -321,11 +321,66 @@ async fn silent_slow_and_surplus_connections_are_cut() {
     assert!(s.series("pace_http_connections_closed_total", &[("reason", "slots_full")]) >= 1.0);
 }
 
+/// Reads one HTTP/1 response with a Content-Length body (empty if the peer closes first).
+async fn read_response(c: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&out).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()))
+                .unwrap_or(0);
+            if out.len() >= end + 4 + len {
+                return text;
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => out.extend_from_slice(&buf[..n]),
+            _ => return String::from_utf8_lossy(&out).to_string(),
+        }
+    }
+}
+
+/// A kept-alive HTTP/1 connection may stay silent past the header timeout, up to the keep-alive
+/// timeout (which is longer than clients' pools keep a connection, so the client closes first
+/// and never writes a request into a connection the server is closing); a request begun on it
+/// must still bring its headers within the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_outwaits_the_header_timeout_but_slow_headers_do_not() {
+    let limits = ConnLimits { header_timeout: Duration::from_millis(600), keep_alive: Duration::from_secs(3), max_connections: 8 };
+    let s = Srv::start(&["--scheduler", "fcfs"], limits).await;
+    let get = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(get).await.unwrap();
+    let first = read_response(&mut c).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // Silent for 2.5 header timeouts: still served.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = c.write_all(get).await;
+    let second = read_response(&mut c).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "the kept-alive connection was closed after {:?} of silence: {second:?}", Duration::from_millis(1500));
+    // A request begun whose headers stall: cut at the header timeout, not the keep-alive.
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let t = Instant::now();
+    let rest = read_to_close(&mut c, 10).await.expect("a stalled request is cut");
+    assert!(t.elapsed() < Duration::from_secs(2), "cut after {:?}", t.elapsed());
+    assert!(!String::from_utf8_lossy(&rest).contains("200 OK"), "{}", String::from_utf8_lossy(&rest));
+    // Silence past the keep-alive timeout closes the connection.
+    let mut d = TcpStream::connect(s.addr).await.unwrap();
+    d.write_all(get).await.unwrap();
+    assert!(read_response(&mut d).await.starts_with("HTTP/1.1 200"));
+    let t = Instant::now();
+    read_to_close(&mut d, 10).await.expect("an idle connection is closed after the keep-alive timeout");
+    assert!((2.5..5.0).contains(&t.elapsed().as_secs_f64()), "closed after {:?} of silence (keep-alive 3 s)", t.elapsed());
+}
+
 /// An HTTP/2 connection that answers the server's pings but opens no stream is closed after the
-/// idle time, as an idle HTTP/1 keep-alive connection is (before, pings kept it open for ever).
+/// keep-alive timeout, as an idle HTTP/1 connection is (before, pings kept it open for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http2_connection_is_closed() {
-    let limits = ConnLimits { header_timeout: Duration::from_millis(600), max_connections: 8 };
+    let limits = ConnLimits { header_timeout: Duration::from_millis(600), keep_alive: Duration::from_secs(1), max_connections: 8 };
     let s = Srv::start(&["--scheduler", "fcfs"], limits).await;
     let c = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
     let r = c.get(s.url("/health")).send().await.unwrap();
@@ -340,7 +395,7 @@ async fn an_idle_http2_connection_is_closed() {
 /// probes (from a small reserve) and refuses anything else with a 503 that closes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_get_through_when_every_slot_is_busy() {
-    let limits = ConnLimits { header_timeout: Duration::from_secs(10), max_connections: 2 };
+    let limits = ConnLimits { header_timeout: Duration::from_secs(10), keep_alive: Duration::from_secs(120), max_connections: 2 };
     let s = Srv::start(&["--scheduler", "fcfs", "--max-num-seqs", "1"], limits).await;
     let busy: Vec<_> = (0..2)
         .map(|i| {
@@ -371,7 +426,7 @@ async fn probes_get_through_when_every_slot_is_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_flood_locks_nobody_out() {
     const LIMIT: usize = 64;
-    let limits = ConnLimits { header_timeout: Duration::from_secs(15), max_connections: LIMIT };
+    let limits = ConnLimits { header_timeout: Duration::from_secs(15), keep_alive: Duration::from_secs(120), max_connections: LIMIT };
     let s = Srv::start(&["--scheduler", "fcfs"], limits).await;
     let addr = s.addr;
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));

@@ -2,8 +2,16 @@
 //! network needs and `axum::serve` does not set.
 //!
 //! - `--header-timeout`: a connection has that long to send a request's headers, counted from
-//!   its opening or from the end of its previous response, so one timer ends both slow-header
-//!   (slowloris) connections and idle keep-alive ones, HTTP/2 ones (no stream open) included.
+//!   its opening or, on a kept-alive connection, from the first byte of the next request, so
+//!   slow-header (slowloris) connections are cut; an HTTP/2 connection that opens no stream is
+//!   cut after it as well.
+//! - `--keep-alive-timeout`: a connection that has had a response may then stay silent this
+//!   long (HTTP/2 ones included: no stream open) before it is closed. It is longer than the
+//!   idle time of the clients' own pools (aiohttp 15 s, httpx 5 s, reqwest and Go 90 s), so the
+//!   client closes first: a server closing at the moment a client reuses the connection makes
+//!   the client fail the request it just wrote ("Cannot write to closing transport"). hyper's own
+//!   header timer also runs while it waits for the next request, so it is set to the sum of the
+//!   two as a backstop and the reaper below applies the two rules.
 //! - `--max-connections` (by default sized from the open-file limit, which start-up raises to
 //!   what the system allows): when every slot is taken, the connection idle longest (no request
 //!   in flight) is closed to make room, once it has been idle for [`EVICT_GRACE`]: a connection
@@ -21,6 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,15 +42,18 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
 
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
-    /// Seconds to send a request's headers (and the longest idle keep-alive).
+    /// Time to send a request's headers, from the connection's opening or the request's first byte.
     pub header_timeout: Duration,
+    /// Longest silence on a connection after a response.
+    pub keep_alive: Duration,
     /// Most open connections (the probe reserve aside).
     pub max_connections: usize,
 }
@@ -102,6 +114,13 @@ struct ConnState {
     in_flight: AtomicUsize,
     /// Milliseconds since the registry's epoch of its opening or its last response's end.
     last_active_ms: AtomicU64,
+    /// Milliseconds since the epoch of the first byte read after the last response ([`NONE`]
+    /// while nothing has come since): a request under way, whose headers are due within the
+    /// header timeout.
+    first_byte_ms: AtomicU64,
+    /// It has carried an HTTP/2 request: its idle traffic (pings, window updates) is not the
+    /// start of a request.
+    h2: AtomicBool,
     /// Set once something asked it to close.
     closing: AtomicBool,
     close: Notify,
@@ -109,9 +128,29 @@ struct ConnState {
     probe: bool,
 }
 
+/// No byte read since the last response.
+const NONE: u64 = u64::MAX;
+
 impl ConnState {
     fn idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether it is to be closed at `now`: idle and silent past the keep-alive, or idle with a
+    /// request's first bytes in but not its headers after the header timeout.
+    fn expired(&self, now: u64, limits: &ConnLimits) -> bool {
+        if !self.idle() {
+            return false;
+        }
+        let since = |t: &AtomicU64| now.saturating_sub(t.load(Ordering::Acquire));
+        if self.probe {
+            return since(&self.last_active_ms) >= PROBE_IDLE.as_millis() as u64;
+        }
+        let started = self.first_byte_ms.load(Ordering::Acquire);
+        if started != NONE && !self.h2.load(Ordering::Acquire) {
+            return now.saturating_sub(started) >= limits.header_timeout.as_millis() as u64;
+        }
+        since(&self.last_active_ms) >= limits.keep_alive.as_millis() as u64
     }
 
     /// Asks the connection to close (once).
@@ -151,6 +190,8 @@ impl Registry {
         let state = Arc::new(ConnState {
             in_flight: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(self.now_ms()),
+            first_byte_ms: AtomicU64::new(NONE),
+            h2: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             close: Notify::new(),
             probe,
@@ -173,18 +214,19 @@ impl Registry {
         }
     }
 
-    /// Asks every connection idle for longer than its timeout to close; how many.
-    fn close_idle(&self, timeout: Duration) -> usize {
+    /// Asks every connection past its keep-alive or header timeout ([`ConnState::expired`]) to
+    /// close; how many of each (idle, slow headers).
+    fn close_expired(&self, limits: &ConnLimits) -> (usize, usize) {
         let now = self.now_ms();
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns
-            .values()
-            .filter(|c| {
-                let limit = if c.probe { PROBE_IDLE } else { timeout };
-                c.idle() && now.saturating_sub(c.last_active_ms.load(Ordering::Acquire)) >= limit.as_millis() as u64
-            })
-            .filter(|c| c.close())
-            .count()
+        let (mut idle, mut slow) = (0, 0);
+        for c in conns.values().filter(|c| c.expired(now, limits)) {
+            let started = c.first_byte_ms.load(Ordering::Acquire) != NONE && !c.h2.load(Ordering::Acquire);
+            if c.close() {
+                *if started { &mut slow } else { &mut idle } += 1;
+            }
+        }
+        (idle, slow)
     }
 
     fn close_all(&self) {
@@ -222,7 +264,50 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.last_active_ms.store(self.registry.now_ms(), Ordering::Release);
+        // Bytes of a pipelined request already read are not seen again (hyper's own header
+        // timer, the keep-alive plus the header timeout, is their backstop).
+        self.state.first_byte_ms.store(NONE, Ordering::Release);
         self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection's socket, noting when the first byte after a response is read.
+struct Watched {
+    stream: TcpStream,
+    state: Arc<ConnState>,
+    registry: Arc<Registry>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before && self.state.first_byte_ms.load(Ordering::Relaxed) == NONE && self.state.idle() {
+            self.state.first_byte_ms.store(self.registry.now_ms(), Ordering::Release);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -274,13 +359,18 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, shutd
     let probes = Arc::new(Semaphore::new(PROBE_RESERVE));
     let registry = Arc::new(Registry { epoch: Instant::now(), next: AtomicU64::new(0), conns: Mutex::new(BTreeMap::new()) });
     let reaper = {
-        let (registry, timeout) = (registry.clone(), limits.header_timeout);
+        let registry = registry.clone();
+        let period = Duration::from_millis(250).min(limits.header_timeout.min(limits.keep_alive) / 2).max(Duration::from_millis(10));
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(250).min(timeout / 2).max(Duration::from_millis(10)));
+            let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
-                for _ in 0..registry.close_idle(timeout) {
+                let (idle, slow) = registry.close_expired(&limits);
+                for _ in 0..idle {
                     crate::serve::metrics::record_connection_closed("idle");
+                }
+                for _ in 0..slow {
+                    crate::serve::metrics::record_connection_closed("header_timeout");
                 }
             }
         })
@@ -340,6 +430,9 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, shutd
                     if state.probe && !is_probe(req.uri().path()) {
                         return Ok::<_, std::convert::Infallible>(slots_full());
                     }
+                    if req.version() == axum::http::Version::HTTP_2 {
+                        state.h2.store(true, Ordering::Release);
+                    }
                     let in_flight = InFlight::new(state, registry);
                     let resp = app.oneshot(req.map(Body::new)).await?;
                     Ok(resp.map(|inner| Body::new(Tracked { inner, _in_flight: in_flight })))
@@ -348,22 +441,23 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ConnLimits, shutd
         };
         let header_timeout = if probe { PROBE_IDLE } else { limits.header_timeout };
         let mut builder = Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout + if probe { Duration::ZERO } else { limits.keep_alive });
         builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(header_timeout)).keep_alive_timeout(header_timeout);
+        let io = Watched { stream, state: state.clone(), registry: registry.clone() };
         tokio::spawn(async move {
             let (_slot, _registered) = (slot, registered);
             // hyper reads the first bytes to tell HTTP/1 from HTTP/2 before its header timer
             // starts: a connection that sends nothing is timed here (and may be closed for room).
             let mut first = [0u8; 1];
             tokio::select! {
-                peeked = tokio::time::timeout(header_timeout, stream.peek(&mut first)) => {
+                peeked = tokio::time::timeout(header_timeout, io.stream.peek(&mut first)) => {
                     if !matches!(peeked, Ok(Ok(n)) if n > 0) {
                         return;
                     }
                 }
                 _ = state.close.notified() => return,
             }
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
             tokio::pin!(conn);
             tokio::select! {
                 result = conn.as_mut() => {
@@ -404,6 +498,31 @@ mod tests {
         assert_eq!(connections_for(1024), 1024 - 256 - 16);
         assert_eq!(connections_for(100), 64);
         assert_eq!(connections_for(1 << 20), 65_536);
+    }
+
+    #[test]
+    fn silence_is_timed_by_the_keep_alive_and_a_begun_request_by_the_header_timeout() {
+        let limits = ConnLimits { header_timeout: Duration::from_secs(15), keep_alive: Duration::from_secs(120), max_connections: 8 };
+        let epoch = Instant::now().checked_sub(Duration::from_secs(1000)).unwrap();
+        let registry = Arc::new(Registry { epoch, next: AtomicU64::new(0), conns: Mutex::new(BTreeMap::new()) });
+        let (c, _r) = registry.insert(false);
+        let t = registry.now_ms();
+        c.last_active_ms.store(t, Ordering::Release);
+        // Silent after a response: kept for the keep-alive, not the header timeout.
+        assert!(!c.expired(t + 60_000, &limits));
+        assert!(c.expired(t + 120_000, &limits));
+        // The first byte of a request 30 s later: its headers are due 15 s after it.
+        c.first_byte_ms.store(t + 30_000, Ordering::Release);
+        assert!(!c.expired(t + 44_000, &limits));
+        assert!(c.expired(t + 45_000, &limits));
+        // HTTP/2: bytes while no stream is open (ping acks) are not a request under way.
+        c.h2.store(true, Ordering::Release);
+        assert!(!c.expired(t + 60_000, &limits));
+        // A request in flight is never expired; a probe connection keeps PROBE_IDLE.
+        c.in_flight.store(1, Ordering::Release);
+        assert!(!c.expired(t + 500_000, &limits));
+        let (p, _q) = registry.insert(true);
+        assert!(p.expired(registry.now_ms() + PROBE_IDLE.as_millis() as u64, &limits));
     }
 
     #[test]

@@ -106,8 +106,9 @@ pub fn record_connection_refused() {
     counter!("pace_http_connections_refused_total").increment(1);
 }
 
-/// A connection the server closed: `idle` (no request for its idle time) or `slots_full` (the
-/// one idle longest, to make room for a new connection).
+/// A connection the server closed: `idle` (silent past the keep-alive timeout),
+/// `header_timeout` (a request's headers not in on time) or `slots_full` (the one idle longest,
+/// to make room for a new connection).
 pub fn record_connection_closed(reason: &'static str) {
     counter!("pace_http_connections_closed_total", "reason" => reason).increment(1);
 }
@@ -297,7 +298,7 @@ fn describe() {
     );
     describe_counter!(
         "pace_http_connections_closed_total",
-        "Connections the server closed: idle (no request for --header-timeout) or slots_full (idle longest, to make room for a new one)."
+        "Connections the server closed: idle (silent past --keep-alive-timeout), header_timeout (a request's headers not in within --header-timeout) or slots_full (idle longest, to make room for a new one)."
     );
     describe_counter!(
         "pace_nonfinite_logits_total",

@@ -108,9 +108,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4 << 20, env = "PACE_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
     /// Seconds a connection has to send a request's headers, counted from its opening or from
-    /// its previous response (so it also closes idle keep-alive connections).
+    /// the request's first byte.
     #[arg(long, default_value_t = 15.0, value_parser = parse_positive, env = "PACE_HEADER_TIMEOUT")]
     pub header_timeout: f64,
+    /// Seconds a connection may stay silent after a response before it is closed; longer than
+    /// clients' pools keep idle connections, so the client closes first.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_positive, env = "PACE_KEEP_ALIVE_TIMEOUT")]
+    pub keep_alive_timeout: f64,
     /// Seconds a request has to send its body once the headers are in; then 408.
     #[arg(long, default_value_t = 30.0, value_parser = parse_positive, env = "PACE_BODY_TIMEOUT")]
     pub body_timeout: f64,
@@ -398,6 +402,7 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
     };
     let limits = listen::ConnLimits {
         header_timeout: Duration::from_secs_f64(args.header_timeout),
+        keep_alive: Duration::from_secs_f64(args.keep_alive_timeout),
         max_connections: match args.max_connections {
             Some(n) => n as usize,
             None => listen::default_max_connections(),
