@@ -1,4 +1,4 @@
-//! `pace bench serve | sweep | ab | soak`: flags (named as `vllm bench serve` names them where the
+//! `pace bench serve | sweep | ab | soak | hostile`: flags (named as `vllm bench serve` names them where the
 //! concept is the same) and the three commands.
 
 use std::path::PathBuf;
@@ -30,6 +30,9 @@ pub enum BenchCommand {
     /// A long, hostile run against one pace server (overload, clients that leave, slow
     /// connections), judged by pass/fail checks; writes report.md and soak.json.
     Soak(crate::soak::SoakArgs),
+    /// Polite users' TTFT, TPOT and /health latency, calm and under hostile clients (idle and
+    /// slow-header floods, costly bodies, clients that hang up); writes report.md and hostile.json.
+    Hostile(crate::hostile::HostileArgs),
     /// Score per-request exports of AIPerf, `vllm bench serve`, GuideLLM, inference-perf or pace
     /// itself: binary and smooth goodput and benefit per request sent, per run and load level.
     Score(crate::score::ScoreArgs),
@@ -443,6 +446,7 @@ pub fn run(cmd: &BenchCommand) -> Result<()> {
         BenchCommand::Sweep(a) => rt.block_on(sweep(a)),
         BenchCommand::Ab(a) => rt.block_on(ab(a)),
         BenchCommand::Soak(a) => rt.block_on(crate::soak::soak(a)).map(|_| ()),
+        BenchCommand::Hostile(a) => rt.block_on(crate::hostile::hostile(a)).map(|_| ()),
         BenchCommand::Score(a) => crate::score::run(a),
     }
 }

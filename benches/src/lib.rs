@@ -16,6 +16,7 @@
 //! - [`score`]: `pace bench score`, the pace metrics from other tools' per-request exports.
 //! - [`third_party`]: `pace bench ab --client aiperf|guidellm|vllm`, the load driven by other tools.
 //! - [`soak`]: `pace bench soak`, a long hostile run judged by pass/fail checks.
+//! - [`hostile`]: `pace bench hostile`, polite users' latency with and without attackers.
 //! - [`launch`]: starting and stopping `pace serve` per scheduler policy.
 //! - [`provenance`]: command, commit, machine and date at the top of every report.
 //! - [`sim_cmd`]: `pace sim`.
@@ -24,6 +25,7 @@ pub mod arrivals;
 pub mod cli;
 pub mod client;
 pub mod dataset;
+pub mod hostile;
 pub mod launch;
 pub mod load;
 pub mod plots;

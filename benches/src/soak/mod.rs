@@ -288,7 +288,7 @@ pub struct Record {
 }
 
 /// The target's address, for raw sockets.
-fn socket_addr(base_url: &str) -> Result<SocketAddr> {
+pub(crate) fn socket_addr(base_url: &str) -> Result<SocketAddr> {
     let rest = base_url.trim_end_matches('/').strip_prefix("http://").context("the soak speaks plain http://")?;
     let hostport = rest.split('/').next().unwrap_or(rest);
     let hostport = if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:80") };
@@ -608,7 +608,7 @@ pub struct SlowStats {
 }
 
 /// One slow connection after another until `stop`: each sends a request head a byte at a time.
-async fn slow_connection(addr: SocketAddr, interval: Duration, stop: Arc<AtomicBool>, stats: Arc<Mutex<SlowStats>>) {
+pub(crate) async fn slow_connection(addr: SocketAddr, interval: Duration, stop: Arc<AtomicBool>, stats: Arc<Mutex<SlowStats>>) {
     let head = b"POST /v1/completions HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\nX-Slow: ";
     while !stop.load(Ordering::Relaxed) {
         let Ok(mut s) = TcpStream::connect(addr).await else {
