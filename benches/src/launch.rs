@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 
 /// How to start the server.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,5 +201,54 @@ mod tests {
         for bad in ["", "a", "3-1", "1-", "-1", "0,,1", "99999"] {
             assert!(parse_cpus(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// The server a single-server bench (`soak`, `hostile`) drives: a running one, or `pace serve`
+/// started on a free port.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// A running pace server; without it, `pace serve` is started on a free port.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Policy of the started server.
+    #[arg(long, default_value = "smooth", value_parser = pace_scheduler::policy::parse_name)]
+    pub scheduler: String,
+    /// `pace` binary for the started server (default: this one).
+    #[arg(long)]
+    pub pace_bin: Option<PathBuf>,
+    /// `--model` of the started server (default: pace's default model).
+    #[arg(long)]
+    pub serve_model: Option<String>,
+    /// Extra argument for the started server (repeatable), e.g. --serve-arg=--kv-cache-memory=1GiB.
+    #[arg(long, allow_hyphen_values = true)]
+    pub serve_arg: Vec<String>,
+    /// Seconds to wait for the started server's /health.
+    #[arg(long, default_value_t = 600.0)]
+    pub server_start_timeout: f64,
+}
+
+impl ServerArgs {
+    /// The base URL, a description for the report, and the started server (None for
+    /// `--base-url`), its log under `log_dir`.
+    pub async fn start(&self, client: &reqwest::Client, log_dir: &Path) -> Result<(String, String, Option<ServeProcess>)> {
+        if let Some(u) = &self.base_url {
+            return Ok((u.trim_end_matches('/').to_string(), u.clone(), None));
+        }
+        let bin = match &self.pace_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
+        };
+        let mut args = Vec::new();
+        if let Some(m) = &self.serve_model {
+            args.extend(["--model".to_string(), m.clone()]);
+        }
+        args.extend(self.serve_arg.iter().cloned());
+        let desc = format!("pace serve --scheduler {} {}", self.scheduler, args.join(" ")).trim().to_string();
+        let cfg = ServeConfig { bin, args, start_timeout: self.server_start_timeout, stop_timeout: 60.0, log_dir: log_dir.to_path_buf() };
+        eprintln!("starting {desc}");
+        let mut s = ServeProcess::spawn(&cfg, &self.scheduler)?;
+        s.wait_ready(client, cfg.start_timeout).await?;
+        Ok((s.base_url.clone(), desc, Some(s)))
     }
 }

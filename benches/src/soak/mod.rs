@@ -60,7 +60,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::arrivals::ArrivalProcess;
-use crate::launch::{ServeConfig, ServeProcess};
+use crate::launch::ServerArgs;
 use crate::sse::SseParser;
 
 mod report;
@@ -71,24 +71,8 @@ pub use report::{slope, Check, SoakReport};
 /// `pace bench soak`.
 #[derive(Debug, Clone, Args)]
 pub struct SoakArgs {
-    /// A running pace server; without it, the soak starts `pace serve` itself on a free port.
-    #[arg(long)]
-    pub base_url: Option<String>,
-    /// Policy of the started server.
-    #[arg(long, default_value = "smooth", value_parser = pace_scheduler::policy::parse_name)]
-    pub scheduler: String,
-    /// `pace` binary for the started server (default: this one).
-    #[arg(long)]
-    pub pace_bin: Option<PathBuf>,
-    /// `--model` of the started server (default: pace's default model).
-    #[arg(long)]
-    pub serve_model: Option<String>,
-    /// Extra argument for the started server (repeatable), e.g. --serve-arg=--kv-cache-memory=1GiB.
-    #[arg(long, allow_hyphen_values = true)]
-    pub serve_arg: Vec<String>,
-    /// Seconds to wait for the started server's /health.
-    #[arg(long, default_value_t = 600.0)]
-    pub server_start_timeout: f64,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Model name sent with each request (default: the first one on /v1/models).
     #[arg(long)]
     pub model: Option<String>,
@@ -740,29 +724,7 @@ pub async fn soak(a: &SoakArgs) -> Result<SoakReport> {
     let dir = a.result_dir.clone().unwrap_or_else(|| PathBuf::from(format!("pace-soak-{}", prov.date.replace([':', ' '], "-"))));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let client = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
-    let mut server = None;
-    let (base_url, target_desc) = match &a.base_url {
-        Some(u) => (u.trim_end_matches('/').to_string(), u.clone()),
-        None => {
-            let bin = match &a.pace_bin {
-                Some(b) => b.clone(),
-                None => std::env::current_exe().context("locating the pace binary; pass --pace-bin")?,
-            };
-            let mut args = Vec::new();
-            if let Some(m) = &a.serve_model {
-                args.extend(["--model".to_string(), m.clone()]);
-            }
-            args.extend(a.serve_arg.iter().cloned());
-            let desc = format!("pace serve --scheduler {} {}", a.scheduler, args.join(" "));
-            let cfg = ServeConfig { bin, args, start_timeout: a.server_start_timeout, stop_timeout: 60.0, log_dir: dir.join("logs") };
-            eprintln!("starting {desc}");
-            let mut s = ServeProcess::spawn(&cfg, &a.scheduler)?;
-            s.wait_ready(&client, cfg.start_timeout).await?;
-            let url = s.base_url.clone();
-            server = Some(s);
-            (url, desc.trim().to_string())
-        }
-    };
+    let (base_url, target_desc, mut server) = a.server.start(&client, &dir.join("logs")).await?;
     let model = match &a.model {
         Some(m) => m.clone(),
         None => crate::client::first_model(&client, &base_url, a.api_key.as_deref()).await?.0,
