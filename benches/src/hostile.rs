@@ -133,14 +133,15 @@ pub struct HostileReport {
     pub passed: bool,
 }
 
-/// Nearest-rank quantile (0 for none).
+/// Quantile `q` (0 to 1) of `v`, interpolated between ranks as every other report of pace's
+/// does (`slo::percentile_sorted`); 0 for none.
 pub fn quantile(v: &[f64], q: f64) -> f64 {
     let mut v = v.to_vec();
     if v.is_empty() {
         return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+    pace_scheduler::slo::percentile_sorted(&v, 100.0 * q)
 }
 
 #[derive(Clone)]
@@ -526,9 +527,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!((quantile(&v, 0.5), quantile(&v, 0.99), quantile(&v, 1.0)), (50.0, 99.0, 100.0));
+    fn quantiles_interpolate_between_ranks() {
+        let v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!((quantile(&v, 0.5), quantile(&v, 1.0), quantile(&[7.0], 0.99)), (50.5, 100.0, 7.0));
+        assert!((quantile(&v, 0.99) - 99.01).abs() < 1e-9);
         assert_eq!(quantile(&[], 0.5), 0.0);
     }
 

@@ -136,6 +136,13 @@ impl ConnState {
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
+    /// The first byte of an HTTP/1 request whose headers are not in yet (HTTP/2 frames between
+    /// requests, such as ping acks, do not start one): when, if so.
+    fn request_begun(&self) -> Option<u64> {
+        let t = self.first_byte_ms.load(Ordering::Acquire);
+        (t != NONE && !self.h2.load(Ordering::Acquire)).then_some(t)
+    }
+
     /// Whether it is to be closed at `now`: idle and silent past the keep-alive, or idle with a
     /// request's first bytes in but not its headers after the header timeout.
     fn expired(&self, now: u64, limits: &ConnLimits) -> bool {
@@ -146,8 +153,7 @@ impl ConnState {
         if self.probe {
             return since(&self.last_active_ms) >= PROBE_IDLE.as_millis() as u64;
         }
-        let started = self.first_byte_ms.load(Ordering::Acquire);
-        if started != NONE && !self.h2.load(Ordering::Acquire) {
+        if let Some(started) = self.request_begun() {
             return now.saturating_sub(started) >= limits.header_timeout.as_millis() as u64;
         }
         since(&self.last_active_ms) >= limits.keep_alive.as_millis() as u64
@@ -221,7 +227,7 @@ impl Registry {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let (mut idle, mut slow) = (0, 0);
         for c in conns.values().filter(|c| c.expired(now, limits)) {
-            let started = c.first_byte_ms.load(Ordering::Acquire) != NONE && !c.h2.load(Ordering::Acquire);
+            let started = c.request_begun().is_some();
             if c.close() {
                 *if started { &mut slow } else { &mut idle } += 1;
             }
