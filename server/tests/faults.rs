@@ -260,6 +260,12 @@ async fn one_request_cannot_ask_for_unbounded_work() {
         assert_eq!(st, 400, "{param}: {v}");
         assert_eq!(v["error"]["param"], *param, "{v}");
     }
+    // 100,000 short messages (2 MiB) were rendered by the template and tokenized before the
+    // length check; a count over the context is refused first, saying so.
+    let many: Vec<_> = (0..100_000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"})).collect();
+    let (st, _, v) = s.post("/v1/chat/completions", &json!({"messages": many, "max_tokens": 2})).await;
+    assert_eq!((st, &v["error"]["param"], &v["error"]["code"]), (400, &json!("messages"), &json!("context_length_exceeded")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("the messages are 100000"), "{v}");
     // Without max_tokens, each of the 4 choices gets its share of the 40.
     let (st, _, v) = s.post("/v1/completions", &json!({"prompt": "hi", "n": 4, "ignore_eos": true})).await;
     assert_eq!(st, 200, "{v}");

@@ -314,6 +314,20 @@ pub fn chat_prompt(l: &Loaded, messages: &[MessageIn], add_generation_prompt: bo
 /// `tools` go to the template as its `tools` variable; a template that does not use one gets
 /// them as a system message (merged into the first system message if there is one).
 pub fn chat_prompt_with(l: &Loaded, messages: &[MessageIn], opts: ChatOptions, tools: &[super::types::Tool]) -> Result<Prompt, ApiError> {
+    // Every message renders into at least one token, so a conversation with more messages than
+    // the context has tokens cannot fit: refused before the template renders it (100,000 short
+    // messages, under the body limit, took most of a second of a core to render and tokenize).
+    if messages.len() > l.max_model_len {
+        return Err(ApiError::Invalid {
+            message: format!(
+                "This model's maximum context length is {} tokens. However, the messages are {} (each takes at least one token). Please reduce the length of the messages.",
+                l.max_model_len,
+                messages.len()
+            ),
+            param: Some("messages".into()),
+            code: Some("context_length_exceeded"),
+        });
+    }
     let mut msgs = chat_messages(messages)?;
     let mut tool_kwargs = None;
     if !tools.is_empty() {
