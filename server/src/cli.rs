@@ -105,7 +105,7 @@ impl ModelDtype {
 /// `--kv-cache-dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheDtype {
-    /// f16 on the CPU, bf16 on a GPU.
+    // f16 on the CPU, bf16 on a GPU.
     Auto,
     F32,
     F16,

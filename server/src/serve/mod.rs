@@ -321,18 +321,19 @@ fn parse_rate_range(s: &str) -> Result<(f64, f64), String> {
 /// `--prefix-cache-isolation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CacheIsolation {
-    /// Requests of the same `cache_salt` (or none) share cached prefixes.
+    // Requests of the same `cache_salt` (or none) share cached prefixes (doc comments on
+    // the variants would make clap's --help long).
     None,
-    /// Only requests with the same bearer token (and salt) share.
+    // Only requests with the same bearer token (and salt) share.
     ApiKey,
 }
 
 /// `--load-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadFormat {
-    /// `[{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "predicted_wait_s"}]`.
+    // `[{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "predicted_wait_s"}]`.
     Sglang,
-    /// `{"load": N}`, N the requests running and waiting.
+    // `{"load": N}`, N the requests running and waiting.
     Vllm,
 }
 
