@@ -159,3 +159,35 @@ fn every_serve_flag_is_in_the_configuration_reference() {
     let lines = help.lines().count();
     assert!(lines <= 120, "`pace serve --help` is {lines} lines (at most 120; move the detail to docs/configuration.md)");
 }
+
+/// ARCHITECTURE.md's module list is complete and true: every source file of the five crates
+/// (tests of a module kept beside it, `*_tests.rs`, aside) has its line under its crate, and
+/// every line names a file that exists.
+#[test]
+fn the_code_map_lists_every_source_file() {
+    let root = root();
+    let Some(files) = tracked(&root) else {
+        eprintln!("SKIPPED: not a git checkout");
+        return;
+    };
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    for dir in ["scheduler", "kernels", "models", "server", "benches"] {
+        let header = format!("(`{dir}/src/`)");
+        let start = map.find(&header).unwrap_or_else(|| panic!("ARCHITECTURE.md has no module list for {dir}/src/"));
+        let section = &map[start..];
+        // Up to the next crate's list or the next heading.
+        let end = ["\n**", "\n#"].iter().filter_map(|p| section[header.len()..].find(p)).min().map_or(section.len(), |i| i + header.len());
+        let section = &section[..end];
+        let listed: BTreeSet<&str> = section.lines().filter_map(|l| l.strip_prefix("- `")?.split('`').next()).collect();
+        let prefix = format!("{dir}/src/");
+        let sources: BTreeSet<String> = files
+            .iter()
+            .filter_map(|f| f.to_str()?.strip_prefix(&prefix).map(str::to_string))
+            .filter(|f| f.ends_with(".rs") && !f.ends_with("_tests.rs"))
+            .collect();
+        let missing: Vec<&String> = sources.iter().filter(|f| !listed.contains(f.as_str())).collect();
+        assert!(missing.is_empty(), "{dir}/src files without a line in ARCHITECTURE.md's module list: {missing:?}");
+        let stale: Vec<&&str> = listed.iter().filter(|f| !sources.contains(**f)).collect();
+        assert!(stale.is_empty(), "ARCHITECTURE.md lists {dir}/src files that do not exist: {stale:?}");
+    }
+}
