@@ -22,11 +22,26 @@
 //!   hash only proposes a candidate: the candidate's tokens, its salt and its parent (the block
 //!   and that block's generation, which changes whenever the block is evicted and reused) are
 //!   compared exactly, so a hash collision can cost a miss, never a wrong hit.
+//! - When asked to ([`BlockPool::record_events`]), it logs every change to the prefix cache as
+//!   a [`KvEvent`] (vLLM's KV events: a router rebuilds which prefixes each replica holds from
+//!   them), consecutive blocks of one chain stored or removed together folded into one event.
 
 use std::collections::HashMap;
 
 /// Marks the end of the free list and an unset link.
 const NIL: u32 = u32::MAX;
+
+/// A change to the prefix cache, in the terms of vLLM's KV events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Blocks registered, each a child of the one before; `parent` is the hash of the first
+    /// one's parent (`None`: the first holds the prompt's start), `tokens` theirs in order.
+    Stored { hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32> },
+    /// Registered blocks evicted (their contents are gone).
+    Removed { hashes: Vec<u64> },
+    /// Every cached prefix forgotten.
+    Cleared,
+}
 
 /// A pool of `num_blocks` KV blocks of `block_size` tokens, block 0 reserved.
 #[derive(Debug, Clone)]
@@ -53,6 +68,8 @@ pub struct BlockPool {
     generation: Vec<u32>,
     salt: Vec<u64>,
     tokens: Vec<u32>,
+    /// The prefix cache's changes since they were last taken, while recorded.
+    events: Option<Vec<KvEvent>>,
 }
 
 /// One link of a prompt's prefix chain: the hash [`BlockPool::lookup`] and
@@ -94,6 +111,7 @@ impl BlockPool {
             generation: vec![0; num_blocks],
             salt: vec![0; num_blocks],
             tokens: Vec::new(),
+            events: None,
         };
         pool.refs[0] = u32::MAX;
         for b in 1..num_blocks as u32 {
@@ -126,6 +144,18 @@ impl BlockPool {
     /// Registered blocks (held or free) whose prefix a new request can reuse.
     pub fn num_cached(&self) -> usize {
         self.cached.len()
+    }
+
+    /// Log the prefix cache's changes from now on ([`BlockPool::take_events`]).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Move the changes logged since the last call to the end of `out`.
+    pub fn take_events(&mut self, out: &mut Vec<KvEvent>) {
+        if let Some(ev) = &mut self.events {
+            out.append(ev);
+        }
     }
 
     /// Holders of block `b` (0: free).
@@ -248,6 +278,16 @@ impl BlockPool {
         self.salt[i] = salt;
         self.hash[i] = Some(h);
         self.cached.insert(h, b);
+        if let Some(ev) = &mut self.events {
+            let parent_hash = (parent != NIL).then(|| self.hash[parent as usize]).flatten();
+            match ev.last_mut() {
+                Some(KvEvent::Stored { hashes, tokens: t, .. }) if parent_hash.is_some() && hashes.last() == parent_hash.as_ref() => {
+                    hashes.push(h);
+                    t.extend_from_slice(tokens);
+                }
+                _ => ev.push(KvEvent::Stored { hashes: vec![h], parent: parent_hash, tokens: tokens.to_vec() }),
+            }
+        }
         Some(b)
     }
 
@@ -256,6 +296,9 @@ impl BlockPool {
         for b in self.cached.drain().map(|(_, b)| b) {
             self.hash[b as usize] = None;
             self.generation[b as usize] = self.generation[b as usize].wrapping_add(1);
+        }
+        if let Some(ev) = &mut self.events {
+            ev.push(KvEvent::Cleared);
         }
     }
 
@@ -267,6 +310,12 @@ impl BlockPool {
             self.parent[b as usize] = NIL;
             // Children registered over this block's old contents no longer match it.
             self.generation[b as usize] = self.generation[b as usize].wrapping_add(1);
+            if let Some(ev) = &mut self.events {
+                match ev.last_mut() {
+                    Some(KvEvent::Removed { hashes }) => hashes.push(h),
+                    _ => ev.push(KvEvent::Removed { hashes: vec![h] }),
+                }
+            }
         }
     }
 
@@ -452,6 +501,69 @@ mod tests {
         assert_eq!(pool.lookup(&[5, 6, 7, 8], 0, 2), vec![root], "no hit past a parent of another generation");
         pool.free(child);
         pool.free_all(&mut plain);
+    }
+
+    /// Property: a subscriber that applies the logged events holds exactly the pool's cached
+    /// hashes after every round, and can recompute each stored hash from its parent's and the
+    /// tokens the event carries (as a router that keeps its own keys does).
+    #[test]
+    fn events_rebuild_the_cached_set() {
+        for seed in 0..100u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut pool = BlockPool::new(rng.random_range(2..24usize), 2);
+            pool.record_events();
+            let (mut owners, mut seen, mut events): (Vec<Vec<u32>>, HashSet<u64>, Vec<KvEvent>) = (vec![], HashSet::new(), vec![]);
+            for round in 0..300 {
+                if rng.random_range(0..3) == 0 && !owners.is_empty() {
+                    let mut o = owners.swap_remove(rng.random_range(0..owners.len()));
+                    pool.free_all(&mut o);
+                } else if round % 97 == 96 {
+                    pool.reset_cache();
+                } else {
+                    let p = rng.random_range(0..5u32);
+                    let prompt: Vec<u32> = (0..8).map(|i| p * 10 + i).collect();
+                    let mut blocks = pool.lookup(&prompt, 0, 4);
+                    pool.acquire(&blocks);
+                    let (mut h, mut parent) = (ROOT_HASH, blocks.last().copied());
+                    for (i, chunk) in prompt.chunks_exact(2).enumerate() {
+                        h = chain_hash(h, 0, chunk);
+                        if i < blocks.len() {
+                            continue;
+                        }
+                        let Some(b) = pool.allocate() else { break };
+                        blocks.push(b);
+                        match pool.register(b, parent, 0, chunk, h) {
+                            Some(x) => parent = Some(x),
+                            None => break,
+                        }
+                    }
+                    owners.push(blocks);
+                }
+                pool.take_events(&mut events);
+                for e in events.drain(..) {
+                    match e {
+                        KvEvent::Stored { hashes, parent, tokens } => {
+                            assert_eq!(tokens.len(), 2 * hashes.len(), "seed {seed}");
+                            let mut h = parent.unwrap_or(ROOT_HASH);
+                            assert!(parent.is_none_or(|p| seen.contains(&p)), "seed {seed}: a stored block's parent is held");
+                            for (x, chunk) in hashes.iter().zip(tokens.chunks_exact(2)) {
+                                h = chain_hash(h, 0, chunk);
+                                assert_eq!(h, *x, "seed {seed}: the key follows from the tokens");
+                                assert!(seen.insert(*x), "seed {seed}: stored twice");
+                            }
+                        }
+                        KvEvent::Removed { hashes } => {
+                            for x in hashes {
+                                assert!(seen.remove(&x), "seed {seed}: removed but not stored");
+                            }
+                        }
+                        KvEvent::Cleared => seen.clear(),
+                    }
+                }
+                let cached: HashSet<u64> = pool.cached.keys().copied().collect();
+                assert_eq!(seen, cached, "seed {seed} round {round}");
+            }
+        }
     }
 
     /// Property: over many seeded rounds of random allocate / share / free, no block is ever

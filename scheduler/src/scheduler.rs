@@ -33,7 +33,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
-use crate::block_pool::{chain_hash, BlockPool, ROOT_HASH};
+use crate::block_pool::{chain_hash, BlockPool, KvEvent, ROOT_HASH};
 use crate::cost::{CostCoeffs, StepCostModel, StepShape};
 use crate::lengths::{LengthModel, LengthPrior};
 use crate::patience::PatienceModel;
@@ -910,6 +910,17 @@ impl Scheduler {
 
     fn live(&self) -> impl Iterator<Item = &Req> {
         self.running.iter().chain(self.waiting.iter()).map(|&s| self.slots[s].as_ref().expect("live slot"))
+    }
+
+    /// Log the prefix cache's changes from now on ([`Self::take_kv_events`]).
+    pub fn record_kv_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// Move the prefix cache's changes since the last call to the end of `out` (nothing unless
+    /// [`Self::record_kv_events`] was called).
+    pub fn take_kv_events(&mut self, out: &mut Vec<KvEvent>) {
+        self.pool.take_events(out);
     }
 
     /// Counters and gauges at the last time the scheduler was called with.

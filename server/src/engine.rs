@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use pace_models::runner::ModelRunner;
 use pace_models::sampler::Sampler;
+use pace_scheduler::block_pool::KvEvent;
 use pace_scheduler::cost::StepShape;
 use pace_scheduler::{BatchPlan, Event, NewRequest, Rejection, RequestId, Scheduler};
 
@@ -54,7 +55,12 @@ pub struct EngineCore {
     /// One JSON line per executed step (its shape, predicted and measured seconds), for the
     /// cost model's offline study (`--step-trace`).
     step_trace: Option<std::io::LineWriter<std::fs::File>>,
+    /// Receives each step's prefix-cache changes (`--kv-events-config`).
+    kv_events: Option<KvEventHook>,
 }
+
+/// What [`EngineCore::kv_events`] hands a step's prefix-cache changes to.
+pub type KvEventHook = Box<dyn FnMut(Vec<KvEvent>) + Send>;
 
 impl EngineCore {
     /// An engine over a scheduler and a runner sized for each other.
@@ -69,6 +75,7 @@ impl EngineCore {
             panic_on_token: None,
             stall_on_token: None,
             step_trace: None,
+            kv_events: None,
         }
     }
 
@@ -113,6 +120,19 @@ impl EngineCore {
     /// a request's first slice: the prompt tokens it found in the prefix cache).
     pub fn last_plan(&self) -> impl Iterator<Item = (RequestId, usize)> + '_ {
         self.plan.seqs.iter().map(|s| (s.id, s.start_pos))
+    }
+
+    /// Hand each step's prefix-cache changes, when there are any, to `hook` (it runs on the
+    /// engine thread, after the step: it must not block).
+    pub fn kv_events(mut self, hook: KvEventHook) -> Self {
+        self.scheduler.record_kv_events();
+        self.kv_events = Some(hook);
+        self
+    }
+
+    /// Whether the model runs in host memory.
+    pub fn runner_device_is_cpu(&self) -> bool {
+        self.runner.model().device().is_cpu()
     }
 
     /// Seconds since the engine started.
@@ -220,6 +240,13 @@ impl EngineCore {
         }
         self.plan = plan;
         report.length_errors.extend(self.scheduler.drain_length_errors());
+        if let Some(hook) = &mut self.kv_events {
+            let mut events = Vec::new();
+            self.scheduler.take_kv_events(&mut events);
+            if !events.is_empty() {
+                hook(events);
+            }
+        }
         report
     }
 }

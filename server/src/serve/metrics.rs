@@ -229,6 +229,7 @@ fn install_recorder(model_name: &str, scheduler: &str, slo: &SloParams) -> anyho
     counter!("pace_num_preemptions_total").absolute(0);
     counter!("pace_prefix_cache_queries_total").absolute(0);
     counter!("pace_prefix_cache_hits_total").absolute(0);
+    counter!("pace_kv_events_dropped_total").absolute(0);
     counter!("pace_http_connections_refused_total").absolute(0);
     counter!("pace_nonfinite_logits_total").absolute(0);
     counter!("pace_prompt_tokens_total").absolute(0);
@@ -305,6 +306,7 @@ fn describe() {
         "Requests failed (500, finish reason error) because the model's logits for them were not finite (NaN or +inf): a numerical fault, never sampled from."
     );
     describe_counter!("pace_num_preemptions_total", "Requests preempted (to be recomputed) for lack of KV blocks.");
+    describe_counter!("pace_kv_events_dropped_total", "KV event batches dropped because the publisher's queue was full (--kv-events-config).");
     describe_counter!("pace_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (every admitted prompt's tokens).");
     describe_counter!("pace_prefix_cache_hits_total", "Prompt tokens found in the prefix cache when their request started (not computed again).");
     describe_counter!("pace_prompt_tokens_total", "Prompt tokens of admitted requests.");

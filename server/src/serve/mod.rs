@@ -11,6 +11,7 @@
 pub mod api;
 pub mod engine_thread;
 pub mod gen_config;
+pub mod kv_events;
 pub mod listen;
 pub mod metrics;
 pub mod state;
@@ -200,6 +201,10 @@ pub struct ServeArgs {
     /// measured seconds) to this file, for studying the step-cost model offline.
     #[arg(long, hide = true, env = "PACE_STEP_TRACE")]
     pub step_trace: Option<std::path::PathBuf>,
+    /// Publish prefix-cache changes over ZeroMQ for KV-aware routers (vLLM's flag and JSON, e.g.
+    /// '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557"}'; docs/fleet.md).
+    #[arg(long, env = "PACE_KV_EVENTS_CONFIG")]
+    pub kv_events_config: Option<String>,
 }
 
 /// A value that must never reach a log line: `Debug` prints `***`.
@@ -295,7 +300,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// ends.
 pub fn in_process(args: &ServeArgs) -> Result<Arc<AppState>> {
     let (state, slo) = prepare(args)?;
-    load(args, &state, slo, None)?;
+    load(args, &state, slo, None, None)?;
     Ok(state)
 }
 
@@ -409,9 +414,13 @@ async fn serve(args: ServeArgs, state: Arc<AppState>, slo: SloParams) -> Result<
             None => listen::default_max_connections(),
         },
     };
+    let kv_events = match args.kv_events_config.as_deref().map(kv_events::KvEventsConfig::parse).transpose()?.flatten() {
+        Some(c) => Some(kv_events::start(&c).await?),
+        None => None,
+    };
     let loader_state = state.clone();
     std::thread::Builder::new().name("pace-loader".into()).spawn(move || {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(&args, &loader_state, slo, Some(on_fatal))));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(&args, &loader_state, slo, Some(on_fatal), kv_events)));
         let err = match result {
             Ok(Ok(())) => return,
             Ok(Err(e)) => format!("{e:#}"),
@@ -535,7 +544,7 @@ pub fn chat_template_source(value: &str) -> Result<String> {
 
 /// Loads the model, builds the engine and marks the server ready. `on_fatal` runs if a panic
 /// ends the engine thread.
-fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Option<engine_thread::OnFatal>) -> Result<()> {
+fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Option<engine_thread::OnFatal>, kv_events: Option<kv_events::Sink>) -> Result<()> {
     let mut loaded = args.engine.load()?;
     if let Some(t) = &args.chat_template {
         let source = chat_template_source(t)?;
@@ -563,6 +572,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
         c.max_queue_tokens = queue.1.max(1);
     })?;
     let sc = core.scheduler().config();
+    let (sc_block_size, on_gpu) = (sc.block_size, !core.runner_device_is_cpu());
     metrics::publish_cache_config(&metrics::CacheConfig {
         block_size: sc.block_size,
         num_blocks: sc.num_kv_blocks,
@@ -587,6 +597,13 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
         .stall_on_token(args.debug_stall_on_token)
         .nan_on_token(args.debug_nan_on_token)
         .step_trace(trace);
+    let core = match kv_events {
+        Some(sink) => {
+            let (bs, medium) = (sc_block_size, if on_gpu { "GPU" } else { "CPU" });
+            core.kv_events(Box::new(move |events| sink.send(kv_events::Batch::now(events, bs, medium))))
+        }
+        None => core,
+    };
     let step_timeout = (args.engine_step_timeout > 0.0).then(|| Duration::from_secs_f64(args.engine_step_timeout));
     let engine = engine_thread::spawn(core, origin, on_fatal, step_timeout)?;
     let ok = state
