@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use pace_scheduler::slo::{idle_latency, Outcome, RequestRecord, SloClass, SloParams, WindowStats};
+use pace_scheduler::slo::{Outcome, RequestRecord, SloClass, SloParams};
 use pace_scheduler::{FinishReason, RejectReason, SchedulerStats};
 
 const TTFT: &str = "pace_time_to_first_token_seconds";
@@ -415,6 +415,9 @@ pub struct Live {
     pub class: SloClass,
     /// When the engine first scheduled it (engine clock), once it has.
     pub scheduled: Option<f64>,
+    /// The largest lateness of a delivered token so far (0 before any is late): the idle
+    /// latency without the wait for the next token, kept so a scrape costs O(1) per stream.
+    worst_late: f64,
 }
 
 impl Live {
@@ -429,6 +432,7 @@ impl Live {
             }
             let deadline = self.class.deadline(self.arrival, self.token_times.len() + 1);
             histogram!(LATENESS).record((now - deadline).max(0.0));
+            self.worst_late = self.worst_late.max(now - deadline);
             self.token_times.push(now);
         }
         if n > 0 {
@@ -437,11 +441,21 @@ impl Live {
     }
 }
 
+/// What the goodput gauges need of a finished request, computed once when it ends.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    end: f64,
+    completed: bool,
+    passed: bool,
+    tokens: usize,
+    benefit: f64,
+}
+
 /// The sliding window of finished requests and the registry of live ones.
 pub struct Window {
     params: SloParams,
     window_s: f64,
-    finished: Mutex<VecDeque<RequestRecord>>,
+    finished: Mutex<VecDeque<Finished>>,
     live: Mutex<HashMap<u64, Arc<Mutex<Live>>>>,
 }
 
@@ -453,7 +467,7 @@ impl Window {
 
     /// Registers a live request; returns its timeline to append delivery times to.
     pub fn start(&self, id: u64, arrival: f64, class: SloClass) -> Arc<Mutex<Live>> {
-        let live = Arc::new(Mutex::new(Live { arrival, token_times: Vec::new(), class, scheduled: None }));
+        let live = Arc::new(Mutex::new(Live { arrival, token_times: Vec::new(), class, scheduled: None, worst_late: 0.0 }));
         if let Ok(mut m) = self.live.lock() {
             m.insert(id, live.clone());
         }
@@ -503,34 +517,75 @@ impl Window {
             histogram!(PROMPT_TOKENS).record(prompt_tokens as f64);
             histogram!(GEN_TOKENS).record(record.num_tokens() as f64);
         }
+        let summary = Finished {
+            end: record.end,
+            completed: record.outcome == Outcome::Completed,
+            passed: record.passes(&self.params.binary),
+            tokens: record.num_tokens(),
+            benefit: record.benefit(&self.params),
+        };
         if let Ok(mut f) = self.finished.lock() {
-            f.push_back(record);
+            f.push_back(summary);
         }
     }
 
     /// Recomputes the goodput gauges at engine time `now`.
     pub fn update_gauges(&self, now: f64) {
-        let start = now - self.window_s;
-        let stats = match self.finished.lock() {
-            Ok(mut f) => {
-                while f.front().is_some_and(|r| r.end < start) {
-                    f.pop_front();
-                }
-                let records: Vec<RequestRecord> = f.iter().cloned().collect();
-                WindowStats::compute(&records, start, now, &self.params)
-            }
-            Err(_) => return,
-        };
-        gauge!("pace_goodput_requests_per_second").set(stats.request_goodput);
-        gauge!("pace_goodput_tokens_per_second").set(stats.token_goodput);
-        gauge!("pace_smooth_goodput_per_second").set(stats.smooth_goodput);
-        gauge!("pace_slo_attainment_ratio").set(stats.attainment);
-        let worst = match self.live.lock() {
-            Ok(m) => m.values().filter_map(|l| l.lock().ok().map(|l| idle_latency(l.arrival, &l.token_times, l.class, Some(now)))).fold(0.0f64, f64::max),
-            Err(_) => 0.0,
-        };
-        gauge!("pace_inflight_max_idle_latency_seconds").set(worst);
+        let Some(g) = self.gauges(now) else { return };
+        gauge!("pace_goodput_requests_per_second").set(g.request_goodput);
+        gauge!("pace_goodput_tokens_per_second").set(g.token_goodput);
+        gauge!("pace_smooth_goodput_per_second").set(g.smooth_goodput);
+        gauge!("pace_slo_attainment_ratio").set(g.attainment);
+        gauge!("pace_inflight_max_idle_latency_seconds").set(g.max_idle_in_flight);
     }
+
+    /// The gauges at `now`: the quantities [`pace_scheduler::slo::WindowStats::compute`] gives
+    /// over the window, from each request's summary, and the largest idle latency in flight;
+    /// O(requests in the window + streams live), nothing copied (the endpoint picker scrapes
+    /// every 50 ms). `None` if a lock is poisoned.
+    fn gauges(&self, now: f64) -> Option<Gauges> {
+        let start = now - self.window_s;
+        let (mut completed, mut passed, mut passed_tokens, mut benefit) = (0usize, 0usize, 0usize, 0.0);
+        {
+            let mut f = self.finished.lock().ok()?;
+            while f.front().is_some_and(|r| r.end < start) {
+                f.pop_front();
+            }
+            for r in f.iter().filter(|r| r.end >= start && r.end <= now) {
+                completed += usize::from(r.completed);
+                if r.passed {
+                    passed += 1;
+                    passed_tokens += r.tokens;
+                }
+                benefit += r.benefit;
+            }
+        }
+        let window = if self.window_s > 0.0 { self.window_s } else { f64::INFINITY };
+        let max_idle_in_flight = self
+            .live
+            .lock()
+            .ok()?
+            .values()
+            .filter_map(|l| l.lock().ok().map(|l| l.worst_late.max(now - l.class.deadline(l.arrival, l.token_times.len() + 1))))
+            .fold(0.0f64, f64::max);
+        Some(Gauges {
+            request_goodput: passed as f64 / window,
+            token_goodput: passed_tokens as f64 / window,
+            smooth_goodput: benefit / window,
+            attainment: if completed > 0 { passed as f64 / completed as f64 } else { 0.0 },
+            max_idle_in_flight,
+        })
+    }
+}
+
+/// The window's gauges at one moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Gauges {
+    request_goodput: f64,
+    token_goodput: f64,
+    smooth_goodput: f64,
+    attainment: f64,
+    max_idle_in_flight: f64,
 }
 
 /// One log line per finished request (`RUST_LOG=pace::request=info`), its numbers as fields
@@ -548,4 +603,57 @@ fn log_finished(id: &str, r: &RequestRecord, prompt_tokens: usize, reason: &str)
         idle_s = (r.idle_latency() * 1e3).round() / 1e3,
         "request finished"
     );
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+    use pace_scheduler::slo::{idle_latency, WindowStats};
+    use rand::{Rng, SeedableRng};
+
+    /// The gauges kept from per-request summaries equal the full computation over the records
+    /// (finished ones in and out of the window, every outcome) and over the live streams.
+    #[test]
+    fn the_summary_gauges_equal_the_full_computation() {
+        let params = SloParams { binary: pace_scheduler::BinarySlo { ttft: Some(1.0), tpot: Some(0.2), ..Default::default() }, ..SloParams::default() };
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let w = Window::new(params, 30.0);
+            let (mut records, mut lives) = (vec![], vec![]);
+            for id in 0..60u64 {
+                let arrival = rng.random_range(0.0..100.0);
+                let class = SloClass::new(rng.random_range(2.0..20.0), rng.random_range(0.0..1.0));
+                let live = w.start(id, arrival, class);
+                let mut t = arrival + rng.random_range(0.05..3.0);
+                for _ in 0..rng.random_range(0..40) {
+                    live.lock().unwrap().deliver(1, t);
+                    t += rng.random_range(0.01..0.5);
+                }
+                if rng.random_bool(0.2) {
+                    lives.push(live);
+                    continue;
+                }
+                let outcome = [Outcome::Completed, Outcome::Aborted, Outcome::Rejected, Outcome::Failed][rng.random_range(0..4)];
+                let token_times = live.lock().unwrap().token_times.clone();
+                let end = token_times.last().copied().unwrap_or(arrival) + rng.random_range(0.0..1.0);
+                let r = RequestRecord { arrival, token_times, outcome, end, class };
+                let reason = match outcome {
+                    Outcome::Completed => FinishReason::Stop,
+                    Outcome::Aborted => FinishReason::Abort,
+                    Outcome::Rejected => FinishReason::Rejected,
+                    _ => FinishReason::Error,
+                };
+                w.finish(id, "r", r.clone(), 1, reason, None);
+                records.push(r);
+            }
+            let now = 120.0;
+            let full = WindowStats::compute(&records, now - 30.0, now, &params);
+            let idle = lives.iter().map(|l| l.lock().unwrap()).map(|l| idle_latency(l.arrival, &l.token_times, l.class, Some(now))).fold(0.0f64, f64::max);
+            let g = w.gauges(now).unwrap();
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * (1.0 + b.abs());
+            assert!(close(g.request_goodput, full.request_goodput) && close(g.token_goodput, full.token_goodput), "seed {seed}: {g:?} {full:?}");
+            assert!(close(g.smooth_goodput, full.smooth_goodput) && close(g.attainment, full.attainment), "seed {seed}: {g:?} {full:?}");
+            assert!(close(g.max_idle_in_flight, idle), "seed {seed}: {} against {idle}", g.max_idle_in_flight);
+        }
+    }
 }
