@@ -5,7 +5,8 @@
 //! timestamps; this crate only measures, schedules and reports.
 //!
 //! Layout:
-//! - [`cli`]: `pace bench serve | sweep | ab` flags and commands ([`BenchCommand`], [`run`]).
+//! - [`cli`]: `pace bench serve | sweep | ab` commands ([`BenchCommand`], [`run`]); [`args`]:
+//!   their flags.
 //! - [`dataset`]: prompts (random and exact in tokens, ShareGPT, JSONL) and the tokenizer.
 //! - [`arrivals`]: seeded Poisson / gamma send schedules.
 //! - [`client`]: one streaming request and its timestamps; [`sse`]: frames and token times.
@@ -21,6 +22,7 @@
 //! - [`provenance`]: command, commit, machine and date at the top of every report.
 //! - [`sim_cmd`]: `pace sim`.
 
+pub mod args;
 pub mod arrivals;
 pub mod cli;
 pub mod client;

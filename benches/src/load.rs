@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pace_scheduler::slo::{measurement_window, SloClass};
+use pace_scheduler::slo::{measurement_window, MaxTokensRule, SloClass};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -266,4 +266,21 @@ pub async fn run_load(client: &reqwest::Client, target: &Target, workload: &Work
         window = if results.is_empty() { (0.0, 0.0) } else { (first, end.max(first)) };
     }
     LoadRun { not_sent: workload.prompts.len() - results.len(), results, time_limit_hit, wall_s: clock.now(), counted, window, closed_loop }
+}
+
+/// Template tokens a chat endpoint may add around a prompt, kept free when `max_tokens` is cut
+/// to the server's room.
+const TEMPLATE_MARGIN: usize = 64;
+
+/// The workload of one run: `prompts` on `schedule`, `max_tokens` by `rule` within the target's
+/// room, and the clients' patience.
+pub fn workload_for(target: &Target, prompts: &[Prompt], schedule: Vec<f64>, rule: MaxTokensRule, patience: &[f64], priority: &[i64]) -> Workload {
+    let max_tokens = prompts
+        .iter()
+        .map(|p| {
+            let room = target.max_model_len.map_or(usize::MAX, |len| len.saturating_sub(p.prompt_len + TEMPLATE_MARGIN).max(1));
+            rule.max_tokens(p.output_len, room)
+        })
+        .collect();
+    Workload { prompts: prompts.to_vec(), schedule, max_tokens, patience: patience.to_vec(), priority: priority.to_vec() }
 }

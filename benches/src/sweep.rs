@@ -334,7 +334,7 @@ pub async fn run_series(client: &reqwest::Client, target: &Target, spec: &SweepS
             continue;
         }
         let schedule = ArrivalProcess::new(load.rate, spec.burstiness)?.schedule(spec.prompts.len(), spec.seed);
-        let workload = crate::cli::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience, &spec.priority);
+        let workload = crate::load::workload_for(target, &spec.prompts, schedule, spec.max_tokens_rule, &spec.patience, &spec.priority);
         let opts = LoadOptions { max_concurrency: load.max_concurrency, ..spec.options.clone() };
         let info = RunInfo {
             label: target.label.clone(),

@@ -14,32 +14,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::{AbArgs, WorkloadArgs};
+use crate::args::{AbArgs, Client, WorkloadArgs};
 use crate::launch::ServeProcess;
 use crate::score::formats::Level;
 use crate::score::{score_paths, Score};
-
-/// The benchmark tool that drives the load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Client {
-    /// NVIDIA AIPerf (`pip install aiperf`).
-    Aiperf,
-    /// GuideLLM (`pip install guidellm`).
-    Guidellm,
-    /// `vllm bench serve` (`pip install vllm`).
-    Vllm,
-}
-
-impl Client {
-    /// Its executable's name.
-    pub fn exe(self) -> &'static str {
-        match self {
-            Client::Aiperf => "aiperf",
-            Client::Guidellm => "guidellm",
-            Client::Vllm => "vllm",
-        }
-    }
-}
 
 /// One run of a tool at one load.
 #[derive(Debug, Clone)]
@@ -245,7 +223,7 @@ pub async fn ab(a: &AbArgs, client: Client) -> Result<()> {
     let tokenizer_dir = export_tokenizer(w.tokenizer.as_deref(), &dir.join("tokenizer"))?;
     let exe = a.client_bin.clone().unwrap_or_else(|| client.exe().to_string());
     let http = crate::client::http_client(4)?;
-    let cfg = crate::cli::serve_config(a, &dir)?;
+    let cfg = crate::args::serve_config(a, &dir)?;
     let base_seed = w.seed.unwrap_or(0);
     let n_targets = a.base_urls.len() + a.scheduler.len();
     let mut rows = Vec::new();

@@ -513,7 +513,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Device> {
 pub(crate) fn prepare(dev: &Device) -> Result<()> {
     if let Device::Cuda(d) = dev {
         let raw = d.cuda_stream().cu_stream() as usize;
-        if let Some(why) = crate::device::shared_stream_problem(raw) {
+        if let Some(why) = crate::graph::shared_stream_problem(raw) {
             bail!("{why}: create the device with Device::new_cuda_with_stream (pace_kernels::device::open_cuda)");
         }
         // SAFETY: event tracking only orders a tensor's uses across streams. Every tensor of
@@ -554,7 +554,7 @@ pub(crate) fn time_on_gpu<R, E: From<candle_core::Error>>(
 /// A captured and instantiated CUDA graph of one step's work.
 pub(crate) struct Captured {
     graph: candle_core::cuda_backend::cudarc::driver::CudaGraph,
-    pub counts: crate::device::GraphCounts,
+    pub counts: crate::graph::GraphCounts,
 }
 
 impl Captured {
@@ -610,7 +610,7 @@ pub(crate) fn capture<R, E: From<candle_core::Error>>(
 }
 
 /// Nodes of a CUDA graph by kind.
-fn count_nodes(cu: sys::CUgraph) -> Result<crate::device::GraphCounts> {
+fn count_nodes(cu: sys::CUgraph) -> Result<crate::graph::GraphCounts> {
     let mut n = 0usize;
     // SAFETY: a null node array asks for the count only; `cu` is the live graph `graph` owns.
     let rc = unsafe { sys::cuGraphGetNodes(cu, std::ptr::null_mut(), &mut n) };
@@ -623,7 +623,7 @@ fn count_nodes(cu: sys::CUgraph) -> Result<crate::device::GraphCounts> {
     if rc != sys::CUresult::CUDA_SUCCESS {
         bail!("cuGraphGetNodes: {rc:?}");
     }
-    let mut counts = crate::device::GraphCounts::default();
+    let mut counts = crate::graph::GraphCounts::default();
     for &node in &nodes[..n] {
         // Read as a plain integer: a newer driver may report kinds this binding has no variant for.
         let mut kind: u32 = u32::MAX;

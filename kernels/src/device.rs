@@ -3,6 +3,8 @@
 
 use candle_core::{Device, DeviceLocation, Result};
 
+pub use crate::graph::{shared_stream_problem, GraphCounts};
+
 /// True when this build has CUDA forwards (the `cuda` feature).
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
@@ -28,17 +30,6 @@ pub fn prepare(device: &Device) -> Result<()> {
     {
         let _ = device;
         Ok(())
-    }
-}
-
-/// Why a raw CUDA stream handle cannot carry every host thread's work in issue order, if it
-/// cannot: the legacy default stream (0) synchronises with everything, and the per-thread default
-/// stream (2) is a different stream on each thread, so nothing orders their work.
-pub fn shared_stream_problem(raw: usize) -> Option<&'static str> {
-    match raw {
-        0 => Some("the CUDA device runs on the legacy default stream"),
-        2 => Some("the CUDA device runs on per-thread default streams (one per host thread, unordered)"),
-        _ => None,
     }
 }
 
@@ -82,17 +73,6 @@ pub fn time_on_device<R, E: From<candle_core::Error>>(device: &Device, f: impl F
 pub struct Timing {
     pub host_s: f64,
     pub gpu_s: Option<f64>,
-}
-
-/// Nodes of a captured CUDA graph by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GraphCounts {
-    pub kernels: usize,
-    pub copies: usize,
-    pub memsets: usize,
-    pub allocs: usize,
-    pub frees: usize,
-    pub other: usize,
 }
 
 /// A stretch of device work captured as a CUDA graph, ready to replay.
@@ -169,13 +149,6 @@ pub fn describe(device: &Device) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_an_explicit_stream_is_shared_in_order_by_every_thread() {
-        assert!(shared_stream_problem(0).is_some_and(|w| w.contains("legacy")));
-        assert!(shared_stream_problem(2).is_some_and(|w| w.contains("per-thread")));
-        assert_eq!(shared_stream_problem(0x5555_0000_1230), None);
-    }
 
     #[test]
     fn a_gpu_forward_stays_on_the_thread_that_orders_the_step() {

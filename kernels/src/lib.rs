@@ -22,6 +22,7 @@ pub mod attention;
 mod cuda;
 pub mod device;
 pub mod elementwise;
+pub mod graph;
 pub mod quant;
 pub mod sample;
 #[cfg(target_arch = "x86_64")]

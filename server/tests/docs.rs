@@ -191,3 +191,87 @@ fn the_code_map_lists_every_source_file() {
         assert!(stale.is_empty(), "ARCHITECTURE.md lists {dir}/src files that do not exist: {stale:?}");
     }
 }
+
+/// No source file reaches itself through `crate::` paths (an import circle): each crate's files
+/// form a graph with an edge from a file to every file of its crate it names as `crate::a::b`
+/// (resolved to the deepest `src/a/b.rs`, `src/a/b/mod.rs`, `src/a.rs` or `src/a/mod.rs` that
+/// exists; comment lines do not count), and the graph has no cycle. A dependency that runs both
+/// ways between two modules belongs in a third both use.
+#[test]
+fn no_source_file_imports_itself_through_others() {
+    for krate in ["scheduler", "kernels", "models", "server", "benches"] {
+        let src = root().join(krate).join("src");
+        let mut files = vec![];
+        let mut stack = vec![src.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        let resolve = |path: &[&str]| -> Option<PathBuf> {
+            (1..=path.len()).rev().find_map(|n| {
+                let stem = path[..n].iter().fold(src.clone(), |p, s| p.join(s));
+                [stem.with_extension("rs"), stem.join("mod.rs")].into_iter().find(|f| f.exists())
+            })
+        };
+        let mut edges: Vec<(PathBuf, PathBuf)> = vec![];
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for (i, _) in line.match_indices("crate::") {
+                    let rest = &line[i + "crate::".len()..];
+                    // `crate::a::b::{c, d}` names a::b; `crate::{a, b}` names a and b.
+                    let groups: Vec<String> = match rest.strip_prefix('{') {
+                        Some(g) => g.split('}').next().unwrap_or("").split(',').map(|s| s.trim().to_string()).collect(),
+                        None => vec![rest.to_string()],
+                    };
+                    for g in groups {
+                        let path: Vec<&str> =
+                            g.split("::").map(|s| s.trim_matches(|c: char| !(c.is_alphanumeric() || c == '_'))).take_while(|s| !s.is_empty()).collect();
+                        if let Some(t) = resolve(&path).filter(|t| t != f) {
+                            edges.push((f.clone(), t));
+                        }
+                    }
+                }
+            }
+        }
+        // Depth-first search for a back edge; report the circle found.
+        let idx = |p: &PathBuf| files.iter().position(|f| f == p).unwrap();
+        let mut out: Vec<Vec<usize>> = vec![vec![]; files.len()];
+        for (a, b) in &edges {
+            out[idx(a)].push(idx(b));
+        }
+        let mut state = vec![0u8; files.len()]; // 0 new, 1 on the path, 2 done
+        fn visit(v: usize, out: &[Vec<usize>], state: &mut [u8], path: &mut Vec<usize>) -> Option<Vec<usize>> {
+            state[v] = 1;
+            path.push(v);
+            for &w in &out[v] {
+                if state[w] == 1 {
+                    let at = path.iter().position(|&x| x == w).unwrap();
+                    return Some(path[at..].to_vec());
+                }
+                if state[w] == 0 {
+                    if let Some(c) = visit(w, out, state, path) {
+                        return Some(c);
+                    }
+                }
+            }
+            path.pop();
+            state[v] = 2;
+            None
+        }
+        for v in 0..files.len() {
+            if state[v] == 0 {
+                let circle = visit(v, &out, &mut state, &mut vec![]);
+                let names = |c: &[usize]| c.iter().map(|&i| files[i].strip_prefix(&src).unwrap().display().to_string()).collect::<Vec<_>>().join(" -> ");
+                assert!(circle.is_none(), "{krate}: an import circle: {}", names(&circle.unwrap()));
+            }
+        }
+    }
+}
