@@ -76,7 +76,7 @@ pub struct WorkloadArgs {
     pub seed: Option<u64>,
     /// Binary SLO and smooth-goodput parameters (the same flags and units as pace serve and pace sim).
     #[command(flatten)]
-    pub slo: crate::slo_args::SloArgs,
+    pub slo: pace_scheduler::slo_args::SloArgs,
     /// Send `ignore_eos: true` so every output reaches its max tokens (always on for random).
     #[arg(long)]
     pub ignore_eos: bool,

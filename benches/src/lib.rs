@@ -36,7 +36,6 @@ pub mod repeats;
 pub mod report;
 pub mod score;
 pub mod sim_cmd;
-pub mod slo_args;
 pub mod soak;
 pub mod sse;
 pub mod sweep;

@@ -105,7 +105,7 @@ pub struct SimArgs {
     /// Binary SLO and smooth-goodput parameters (the same flags and units as pace serve and
     /// pace bench); without `--slo`, the preset's SLO.
     #[command(flatten)]
-    pub slo: crate::slo_args::SloArgs,
+    pub slo: pace_scheduler::slo_args::SloArgs,
     /// Prompt tokens: N or LO:HI (uniform); default: the preset's.
     #[arg(long)]
     pub input_len: Option<String>,

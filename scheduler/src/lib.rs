@@ -17,6 +17,7 @@
 //! - [`patience`]: [`PatienceModel`], how long clients wait before they leave (censored
 //!   Kaplan-Meier over the idle latencies at which they left or were served).
 //! - [`slo`]: metrics.md, once: TTFT/ITL/TPOT/E2E, binary SLOs, idle latency, benefit, windows.
+//! - [`slo_args`]: the SLO flags (one clap group for `pace serve`, `pace bench` and `pace sim`).
 //! - [`sim`]: the discrete-event simulator behind `pace sim`.
 
 pub mod block_pool;
@@ -29,6 +30,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sim;
 pub mod slo;
+pub mod slo_args;
 
 pub use cost::{CostCoeffs, StepCostModel, StepShape};
 pub use lengths::{LengthModel, LengthPrior};

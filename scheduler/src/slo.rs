@@ -100,7 +100,7 @@ impl fmt::Display for Penalty {
 /// A string that is not one of the accepted forms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct ParseError(String);
+pub struct ParseError(pub(crate) String);
 
 impl FromStr for Penalty {
     type Err = ParseError;

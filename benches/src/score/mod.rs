@@ -38,7 +38,7 @@ pub struct ScoreArgs {
     /// Binary SLO and smooth-goodput parameters (the same flags and units as pace serve, pace
     /// bench and pace sim).
     #[command(flatten)]
-    pub slo: crate::slo_args::SloArgs,
+    pub slo: pace_scheduler::slo_args::SloArgs,
     /// Also give Etalon's fluidity-index (the share of tokens on time against a deadline chain
     /// that restarts after each miss): TTFT_MS,TBT_MS, e.g. 2000,100.
     #[arg(long, value_name = "TTFT_MS,TBT_MS")]

@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// Binary SLO (drop-late, attainment and goodput gauges; default `ttft:2000 tpot:100`) and the
     /// smooth-goodput parameters, as pace bench and pace sim take them.
     #[command(flatten)]
-    pub slo: pace_bench::slo_args::SloArgs,
+    pub slo: pace_scheduler::slo_args::SloArgs,
     /// Default priority of requests that send none (vLLM's meaning: lower is served first). A
     /// request of priority p weighs 2^-p in smooth goodput and in the smooth scheduler.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(-10..=10), allow_negative_numbers = true, env = "PACE_DEFAULT_PRIORITY")]
@@ -278,7 +278,7 @@ fn parse_stall(s: &str) -> Result<(u32, f64), String> {
     Ok((id, parse_positive(secs)?))
 }
 
-use pace_bench::slo_args::{non_negative as parse_non_negative, positive as parse_positive};
+use pace_scheduler::slo_args::{non_negative as parse_non_negative, positive as parse_positive};
 
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn run(args: &ServeArgs) -> Result<()> {

@@ -4,8 +4,8 @@
 //! is in seconds of idle latency as the metric itself is; the reading rate is in tokens per
 //! second.
 
+use crate::slo::{BinarySlo, ParseError, Penalty, SloClass, SloParams};
 use clap::Args;
-use pace_scheduler::slo::{BinarySlo, Penalty, SloClass, SloParams};
 
 /// `--slo` (alias `--goodput`), `--reading-rate`, `--ttft-grace`, `--alpha`, `--penalty`.
 #[derive(Debug, Clone, Args)]
@@ -31,12 +31,12 @@ pub struct SloArgs {
 
 impl SloArgs {
     /// The binary SLO given, or `None` when `--slo` was not.
-    pub fn binary(&self) -> anyhow::Result<Option<BinarySlo>> {
+    pub fn binary(&self) -> Result<Option<BinarySlo>, ParseError> {
         if self.slo.is_empty() {
             return Ok(None);
         }
         let joined = self.slo.join(" ");
-        joined.parse::<BinarySlo>().map(Some).map_err(|e| anyhow::anyhow!("--slo '{joined}': {e}"))
+        joined.parse::<BinarySlo>().map(Some).map_err(|e| ParseError(format!("--slo '{joined}': {e}")))
     }
 
     /// The default reading class: rate q, grace g (in seconds, as the metrics keep it).
