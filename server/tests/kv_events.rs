@@ -1,7 +1,8 @@
 //! KV events end to end: `pace serve --kv-events-config` publishes its prefix cache's changes
 //! over ZeroMQ in vLLM's wire format, and a real subscriber (pyzmq + msgpack from pip, the
 //! libraries a router written for vLLM uses; server/tests/kv_subscriber.py) rebuilds the block
-//! index from them during a workload with evictions. After every request, the subscriber's
+//! index from them during a workload with evictions (the server starts first and connects once
+//! the subscriber listens). After every request, the subscriber's
 //! prediction of the next prompt's cached tokens (its own walk of the index, keyed by the token
 //! ids from the render endpoint) equals what pace reports it found cached, and the render
 //! endpoint's token ids are what pace prefilled. A replay request returns the batches sent live.
@@ -80,11 +81,11 @@ async fn a_subscriber_rebuilds_the_prefix_cache_from_the_events() {
     let (sub_port, replay_port) = (free_port(), free_port());
     let (sub_ep, replay_ep) = (format!("tcp://127.0.0.1:{sub_port}"), format!("tcp://127.0.0.1:{replay_port}"));
     let topic = "kv@127.0.0.1@test";
-    // The subscriber binds first; pace connects to it (vLLM's rule for an endpoint without a
-    // wildcard host), so nothing here listens beyond 127.0.0.1.
-    let mut subscriber = Subscriber::start(&sub_ep, &replay_ep, topic);
     let cfg = json!({"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": sub_ep, "replay_endpoint": replay_ep, "topic": topic}).to_string();
-    // 48 blocks of 16 tokens: a handful of prompts fill it, so later ones evict earlier ones.
+    // pace connects to the subscriber's address (vLLM's rule for an endpoint without a wildcard
+    // host), so nothing here listens beyond 127.0.0.1. The server starts first and serves
+    // without its subscriber; it connects once the subscriber listens. 48 blocks of 16 tokens:
+    // a handful of prompts fill it, so later ones evict earlier ones.
     let server = Server::start(&[
         "--model",
         "dummy:smollm2-135m",
@@ -99,6 +100,14 @@ async fn a_subscriber_rebuilds_the_prefix_cache_from_the_events() {
         "--kv-events-config",
         &cfg,
     ]);
+    let mut subscriber = Subscriber::start(&sub_ep, &replay_ep, topic);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !server.log_text().contains("KV events: connected") {
+        assert!(std::time::Instant::now() < deadline, "pace never connected to the subscriber:\n{}", server.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The subscription reaches the publisher moments after the connection.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
 
     // Three long system prompts, each shared by several questions, visited in an order that
     // brings evicted ones back.

@@ -14,12 +14,14 @@
 //! marker (`[-1, ""]`), so a subscriber that saw a gap can catch up.
 //!
 //! As in vLLM, an endpoint with a wildcard host (`tcp://*:5557`) is bound and any other is
-//! connected to (a subscriber that binds, for example). The engine thread never waits for the
+//! connected to (a subscriber that binds, for example); the connection is made in the
+//! background, retried until the subscriber listens, so it never holds up the server's start. The engine thread never waits for the
 //! publisher: a batch that does not fit the queue (`max_queue_size`) is dropped and counted in
 //! `pace_kv_events_dropped_total`, and a subscriber that reads too slowly loses messages
 //! (ZeroMQ's PUB behaviour; its queue holds 100,000 messages), which the sequence numbers reveal.
 
 use std::collections::VecDeque;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -132,11 +134,14 @@ impl Sink {
 pub async fn start(cfg: &KvEventsConfig) -> Result<Sink> {
     let mut publisher = PubSocket::new();
     let endpoint = cfg.endpoint.as_str();
-    if wildcard(endpoint) {
+    let connect_to = if wildcard(endpoint) {
         publisher.bind(&bindable(endpoint)).await.with_context(|| format!("--kv-events-config: binding {endpoint}"))?;
+        None
     } else {
-        publisher.connect(endpoint).await.with_context(|| format!("--kv-events-config: connecting to {endpoint}"))?;
-    }
+        // Checked now; connected in the background (the subscriber may start later).
+        zeromq::Endpoint::from_str(endpoint).with_context(|| format!("--kv-events-config: endpoint {endpoint}"))?;
+        Some(endpoint.to_string())
+    };
     let replay = match &cfg.replay_endpoint {
         Some(e) => {
             let mut r = RouterSocket::new();
@@ -151,7 +156,7 @@ pub async fn start(cfg: &KvEventsConfig) -> Result<Sink> {
         tokio::spawn(serve_replays(r, kept.clone()));
     }
     let state = Publisher { publisher, topic: Bytes::from(cfg.topic.clone().into_bytes()), next_seq: 0, kept, keep: cfg.buffer_steps };
-    tokio::spawn(state.run(rx));
+    tokio::spawn(state.run(rx, connect_to));
     tracing::info!(endpoint, replay = cfg.replay_endpoint.as_deref().unwrap_or("none"), topic = cfg.topic, "publishing KV events");
     Ok(Sink(tx))
 }
@@ -179,7 +184,21 @@ struct Publisher {
 }
 
 impl Publisher {
-    async fn run(mut self, mut rx: mpsc::Receiver<Batch>) {
+    /// Publishes every batch `rx` yields; with `connect_to`, first connects there, retrying
+    /// until the subscriber listens (as libzmq's connect does, without holding up the server:
+    /// batches wait in the queue meanwhile).
+    async fn run(mut self, mut rx: mpsc::Receiver<Batch>, connect_to: Option<String>) {
+        if let Some(ep) = connect_to {
+            let mut warned = false;
+            while let Err(e) = self.publisher.connect(&ep).await {
+                if !warned {
+                    tracing::warn!(endpoint = ep, error = %e, "KV events: the subscriber is not reachable yet; retrying");
+                    warned = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            tracing::info!(endpoint = ep, "KV events: connected");
+        }
         while let Some(batch) = rx.recv().await {
             let seq = self.next_seq;
             self.next_seq += 1;
