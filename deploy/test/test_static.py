@@ -400,6 +400,40 @@ def test_llmd_pool_objective_and_picker_agree_with_pace():
         assert f'"{series}"' in exported, f"{key}: pace exports no series {series}"
 
 
+def test_llmd_precise_prefix_routing_matches_pace_events():
+    """The precise prefix pipeline and pace's KV events agree: the picker subscribes on the port
+    pace publishes from (each pod, found by discovery), replays from the port pace replays on,
+    recomputes block keys with pace's block size, and tokenizes through pace's render endpoints
+    (the Service's http port) under the name pace serves and puts at the end of the topic, which
+    names the pod by its IP and http port as llm-d expects (kv@<pod>@<model>)."""
+    [epp_cfg] = llmd_docs()["EndpointPickerConfig"]
+    plugins = {p.get("name", p["type"]): p for p in epp_cfg["plugins"]}
+    [dep] = yaml_docs(os.path.join(K8S, "deployment.yaml"))
+    [c] = dep["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    served = flag(c["args"], "--served-model-name")
+    events = json.loads(flag(c["args"], "--kv-events-config"))
+    assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
+    assert events["endpoint"] == f"tcp://*:{ports['kv-events']}" and events["replay_endpoint"] == f"tcp://*:{ports['kv-replay']}"
+    assert events["topic"] == f"kv@$(POD_IP):{ports['http']}@{served}"
+    [pod_ip] = [e for e in c["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+    producer = plugins["precise-prefix-cache-producer"]["parameters"]
+    kv = producer["kvEventsConfig"]
+    assert kv["discoverPods"] is True and kv["podDiscoveryConfig"]["socketPort"] == ports["kv-events"]
+    assert events["topic"].startswith(kv["topicFilter"])
+    assert producer["tokenProcessorConfig"]["blockSize"] == int(flag(c["args"], "--block-size") or 16)
+    assert plugins["prefix-cache-scorer"]["parameters"]["prefixMatchInfoProducerName"] == "precise-prefix-cache-producer"
+    tokens = plugins["token-producer"]["parameters"]
+    assert tokens["modelName"] == served
+    svc = [d for d in yaml_docs(os.path.join(K8S, "service.yaml")) if d["spec"].get("clusterIP") != "None"][0]
+    http = {p["name"]: p["port"] for p in svc["spec"]["ports"]}["http"]
+    assert tokens["vllm"]["url"] == f"http://{svc['metadata']['name']}:{http}"
+    notif = [s for s in epp_cfg["dataLayer"]["sources"] if s["pluginRef"] == "endpoint-notification-source"]
+    assert [x["pluginRef"] for s in notif for x in s["extractors"]] == ["precise-prefix-cache-producer"]
+
+
 def flag(args, name):
     return args[args.index(name) + 1] if name in args else None
 
@@ -423,7 +457,7 @@ def test_k8s_deployment_contract():
     assert spec["securityContext"]["runAsNonRoot"] is True
     known = {"--model", "--served-model-name", "--host", "--port", "--scheduler", "--slo", "--device", "--api-key",
              "--metrics-window", "--threads", "--kv-cache-memory", "--drain-timeout", "--max-num-seqs",
-             "--max-batch-tokens", "--max-model-len", "--reading-rate", "--alpha", "--penalty"}
+             "--max-batch-tokens", "--max-model-len", "--reading-rate", "--alpha", "--penalty", "--block-size", "--kv-events-config"}
     assert c["args"][0] == "serve" and {a for a in c["args"] if a.startswith("--")} <= known
     assert flag(c["args"], "--scheduler") in ("smooth", "fcfs", "drop-late")
 

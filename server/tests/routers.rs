@@ -287,8 +287,14 @@ async fn the_router_contract_answers_from_one_replica() {
     assert_eq!(done["usage"]["prompt_tokens"].as_u64(), Some(ids as u64), "render gives what is prefilled");
     let (_, _, tok) = post(&s.url("/tokenize"), &json!({"messages": body["messages"]})).await;
     assert_eq!(tok["count"].as_u64(), Some(ids as u64));
+    // vLLM's shape for completions, a list with one `{"token_ids"}` per prompt (llm-d's token
+    // producer reads it), each the ids the completion prefills.
     let (st, _, c) = post(&s.url("/v1/completions/render"), &json!({"prompt": ["a b", "c"], "max_tokens": 1})).await;
-    assert!(st == 200 && c["prompts"].as_array().map(Vec::len) == Some(2), "{c}");
+    let lens: Vec<_> = c.as_array().map(|a| a.iter().filter_map(|p| p["token_ids"].as_array().map(Vec::len)).collect()).unwrap_or_default();
+    assert!(st == 200 && lens.len() == 2, "{c}");
+    let (st, _, done) = post(&s.url("/v1/completions"), &json!({"prompt": "a b", "max_tokens": 1})).await;
+    assert_eq!(st, 200, "{done}");
+    assert_eq!(done["usage"]["prompt_tokens"].as_u64(), Some(lens[0] as u64), "render gives what is prefilled");
     // A render is validated as the request would be.
     let (st, _, e) = post(&s.url("/v1/chat/completions/render"), &json!({"messages": [], "max_tokens": 1})).await;
     assert_eq!(st, 400, "{e}");

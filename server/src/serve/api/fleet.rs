@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::extract::ApiJson;
@@ -100,26 +100,28 @@ fn loaded(state: &AppState) -> Result<&Loaded, ApiError> {
 /// (the same template, tools and grammar checks, the same 400s) and the token ids it would be
 /// prefilled with, `{"token_ids": [...]}`; nothing is generated.
 pub async fn render_chat(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
-    render(&state, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await
+    let mut prompts = render(&state, move |cfg, l| ValidRequest::chat(&req, cfg, l)).await?;
+    Ok(axum::Json(prompts.swap_remove(0)).into_response())
 }
 
-/// `POST /v1/completions/render`: as [`render_chat`]; several prompts give
-/// `{"token_ids": first, "prompts": [{"token_ids"}, ...]}`.
+/// `POST /v1/completions/render`: as [`render_chat`], one `{"token_ids"}` per prompt in a list,
+/// as vLLM answers (llm-d's token producer reads that shape).
 pub async fn render_completion(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    render(&state, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await
+    let prompts = render(&state, move |cfg, l| ValidRequest::completion(&req, cfg, l)).await?;
+    Ok(axum::Json(prompts).into_response())
 }
 
+/// Each prompt of the validated request as `{"token_ids": [...]}` (at least one: validation
+/// refuses an empty request).
 async fn render(
     state: &Arc<AppState>,
     validate: impl FnOnce(&ServeConfig, &Loaded) -> Result<ValidRequest, ApiError> + Send + 'static,
-) -> Result<Response, ApiError> {
+) -> Result<Vec<Value>, ApiError> {
     super::handlers::ready(state)?;
     let v = super::handlers::off_the_workers(state, validate).await?;
     let prompts: Vec<_> = v.prompts.iter().map(|p| json!({"token_ids": p.tokens})).collect();
-    let first = v.prompts.first().map(|p| p.tokens.clone()).unwrap_or_default();
-    let mut body = json!({"token_ids": first});
-    if prompts.len() > 1 {
-        body["prompts"] = json!(prompts);
+    if prompts.is_empty() {
+        return Err(ApiError::param("prompt", "the request has no prompt"));
     }
-    Ok(axum::Json(body).into_response())
+    Ok(prompts)
 }
