@@ -88,6 +88,7 @@ pub struct Grammars {
     vocab: usize,
     eos: Arc<SimpleVob>,
     stats: Arc<MaskStats>,
+    bounds: JsonBounds,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -121,7 +122,13 @@ impl Grammars {
         // and parser work at most). Lexer states hold about 1-2 kB each: 50k of them (not the
         // default 250k) keep one hostile grammar under ~100 MB.
         *factory.limits_mut() = ParserLimits { max_lexer_states: 50_000, ..ParserLimits::default() };
-        Ok(Self { factory, vocab, eos: eos_set, stats: Arc::new(MaskStats::default()) })
+        Ok(Self { factory, vocab, eos: eos_set, stats: Arc::new(MaskStats::default()), bounds: JsonBounds::default() })
+    }
+
+    /// The bounds JSON schemas get where they set none ([`JsonBounds`]).
+    pub fn with_json_bounds(mut self, bounds: JsonBounds) -> Self {
+        self.bounds = bounds;
+        self
     }
 
     /// Ids in a mask (the model's vocabulary).
@@ -159,9 +166,9 @@ impl Grammars {
                 if !schema.is_object() {
                     return Err("the JSON schema must be an object".into());
                 }
-                TopLevelGrammar::from_json_schema(with_layout(schema.clone(), ws))
+                TopLevelGrammar::from_json_schema(with_layout(self.bounds.apply(schema.clone()), ws))
             }
-            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_layout(serde_json::json!({"type": "object"}), ws)),
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_layout(self.bounds.apply(bounded_object()), ws)),
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Choice(options) => {
                 if options.is_empty() {
@@ -217,6 +224,131 @@ fn check_size(spec: &GrammarSpec) -> std::result::Result<(), String> {
         GrammarSpec::JsonObject | GrammarSpec::Regex(_) | GrammarSpec::Choice(_) => {}
     }
     Ok(())
+}
+
+/// Bounds a JSON schema gets where it sets none, so that a model looping inside a value (a small
+/// model writes `8111222323123448888...` for an integer) has to close it and reach a valid end
+/// instead of running into `max_tokens`:
+/// - an `integer` without a bound on a side is kept within [`INT_BOUND`] on that side (at most 19
+///   digits and a sign, inside the signed 64-bit range);
+/// - a `string` without `maxLength` (and without `pattern`, `format`, `enum` or `const`, which
+///   bound it their own way) gets `maxLength` = `max_length`;
+/// - an `array` without `maxItems` gets `maxItems` = `max_items`, and an object open to more
+///   properties than it names gets `maxProperties` = `max_items` (or its named count);
+/// - `json_object` is an object whose values are any JSON bounded the same way.
+///
+/// A schema's own bounds always win, so a request that needs longer values says so in its
+/// schema. Not bounded: a number's digits (a JSON schema cannot limit a fraction's) and the
+/// names of properties a schema does not name (llguidance has no `propertyNames`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonBounds {
+    /// `maxLength` of a string that sets none (characters).
+    pub max_length: u64,
+    /// `maxItems` of an array that sets none.
+    pub max_items: u64,
+}
+
+impl Default for JsonBounds {
+    fn default() -> Self {
+        Self { max_length: 4096, max_items: 1024 }
+    }
+}
+
+/// The magnitude an integer without a bound is kept within (10^18: 19 digits).
+pub const INT_BOUND: f64 = 1e18;
+
+/// The `$defs` entry [`bounded_object`] adds for "any JSON value".
+const ANY_DEF: &str = "__pace_any_json";
+
+/// `json_object` as a schema: an object whose values are any JSON (null, booleans, numbers,
+/// integers, strings, arrays and objects of the same), so that [`JsonBounds::apply`] reaches
+/// every value.
+fn bounded_object() -> Value {
+    let any = serde_json::json!({"$ref": format!("#/$defs/{ANY_DEF}")});
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": any,
+        "$defs": {ANY_DEF: {"anyOf": [
+            {"type": "null"}, {"type": "boolean"}, {"type": "integer"}, {"type": "number"}, {"type": "string"},
+            {"type": "array", "items": any}, {"type": "object", "additionalProperties": any},
+        ]}},
+    })
+}
+
+impl JsonBounds {
+    /// `schema` with these bounds added wherever it sets none (every subschema: properties,
+    /// items, combinators, definitions).
+    pub fn apply(&self, mut schema: Value) -> Value {
+        self.bound(&mut schema);
+        schema
+    }
+
+    fn bound(&self, schema: &mut Value) {
+        let Some(o) = schema.as_object_mut() else { return };
+        let types: Vec<String> = match o.get("type") {
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(a)) => a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        };
+        let has = |o: &serde_json::Map<String, Value>, keys: &[&str]| keys.iter().any(|k| o.contains_key(*k));
+        let unconstrained = !has(o, &["enum", "const"]);
+        if types.iter().any(|t| t == "integer") && unconstrained {
+            // A side is bounded only where the other side's own bound leaves room.
+            let side = |o: &serde_json::Map<String, Value>, keys: [&str; 2]| keys.iter().find_map(|k| o.get(*k).and_then(Value::as_f64));
+            let (lo, hi) = (side(o, ["minimum", "exclusiveMinimum"]), side(o, ["maximum", "exclusiveMaximum"]));
+            if lo.is_none() && hi.is_none_or(|h| h > -INT_BOUND) {
+                o.insert("minimum".into(), Value::from(-INT_BOUND));
+            }
+            if hi.is_none() && lo.is_none_or(|l| l < INT_BOUND) {
+                o.insert("maximum".into(), Value::from(INT_BOUND));
+            }
+        }
+        if types.iter().any(|t| t == "string") && unconstrained && !has(o, &["maxLength", "pattern", "format"]) {
+            let min = o.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+            o.insert("maxLength".into(), Value::from(self.max_length.max(min)));
+        }
+        if types.iter().any(|t| t == "array") && unconstrained && !o.contains_key("maxItems") {
+            let min = o.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+            o.insert("maxItems".into(), Value::from(self.max_items.max(min)));
+        }
+        let closed = matches!(o.get("additionalProperties"), Some(Value::Bool(false))) && !o.contains_key("patternProperties");
+        if types.iter().any(|t| t == "object") && unconstrained && !closed && !o.contains_key("maxProperties") {
+            let named = o.get("properties").and_then(Value::as_object).map_or(0, |p| p.len() as u64);
+            let min = o.get("minProperties").and_then(Value::as_u64).unwrap_or(0);
+            o.insert("maxProperties".into(), Value::from(self.max_items.max(min).max(named)));
+        }
+        for (key, sub) in o.iter_mut() {
+            match key.as_str() {
+                // A schema.
+                "additionalProperties"
+                | "items"
+                | "not"
+                | "if"
+                | "then"
+                | "else"
+                | "contains"
+                | "propertyNames"
+                | "additionalItems"
+                | "unevaluatedItems"
+                | "unevaluatedProperties" => self.bound(sub),
+                // A list of schemas.
+                "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                    if let Value::Array(a) = sub {
+                        a.iter_mut().for_each(|s| self.bound(s));
+                    } else {
+                        self.bound(sub);
+                    }
+                }
+                // A map of names to schemas.
+                "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                    if let Value::Object(m) = sub {
+                        m.values_mut().for_each(|s| self.bound(s));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Adds the layout options unless the schema sets its own.

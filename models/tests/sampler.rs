@@ -263,7 +263,7 @@ mod constrained {
     //! logits, the output matches the grammar and ends with EOS once the grammar is complete.
 
     use super::*;
-    use pace_models::constraint::{Constraint, GrammarSpec, Grammars, JsonWhitespace};
+    use pace_models::constraint::{Constraint, GrammarSpec, Grammars, JsonBounds, JsonWhitespace, INT_BOUND};
     use pace_models::tokenizer::Tokenizer;
     use serde_json::{json, Value};
     use std::sync::OnceLock;
@@ -422,6 +422,83 @@ mod constrained {
         let mut l = vec![0.0f32; V];
         l[b'y' as usize] = 9.0;
         assert_eq!(s.sample(&mut l).unwrap().token, b'z' as u32);
+    }
+
+    #[test]
+    fn json_bounds_reach_every_subschema_and_keep_the_schemas_own() {
+        let b = JsonBounds { max_length: 7, max_items: 3 };
+        let s = b.apply(json!({
+            "type": "object",
+            "properties": {
+                "n": {"type": "integer"},
+                "low": {"type": "integer", "minimum": 5},
+                "huge": {"type": "integer", "minimum": 2e18},
+                "s": {"type": ["string", "null"], "minLength": 9},
+                "own": {"type": "string", "maxLength": 100},
+                "pat": {"type": "string", "pattern": "^a+$"},
+                "e": {"type": "integer", "enum": [1, 2]},
+                "list": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/word"}]}}
+            },
+            "additionalProperties": false,
+            "$defs": {"word": {"type": "string"}}
+        }));
+        let p = &s["properties"];
+        assert_eq!((p["n"]["minimum"].as_f64(), p["n"]["maximum"].as_f64()), (Some(-INT_BOUND), Some(INT_BOUND)));
+        assert_eq!((p["low"]["minimum"].as_f64(), p["low"]["maximum"].as_f64()), (Some(5.0), Some(INT_BOUND)));
+        assert!(p["huge"].get("maximum").is_none(), "no bound below the schema's own: {s}");
+        assert_eq!(p["s"]["maxLength"], 9, "at least minLength");
+        assert_eq!(p["own"]["maxLength"], 100);
+        assert!(p["pat"].get("maxLength").is_none() && p["e"].get("minimum").is_none());
+        assert_eq!(p["list"]["maxItems"], 3);
+        assert_eq!(p["list"]["items"]["anyOf"][0]["maximum"].as_f64(), Some(INT_BOUND));
+        assert_eq!(s["$defs"]["word"]["maxLength"], 7);
+        assert!(s.get("maxProperties").is_none(), "a closed object is bounded by its names: {s}");
+        assert_eq!(b.apply(json!({"type": "object", "properties": {"a": {}}}))["maxProperties"], 3);
+    }
+
+    /// Logits that favour `favour` over everything else, EOS included: a model stuck on one
+    /// byte. Returns the text and whether it ended within `limit` tokens.
+    fn generate_stuck(g: &Grammars, spec: &GrammarSpec, favour: &[u8], limit: usize) -> (String, bool) {
+        let c = g.compile(spec, &JsonWhitespace::Compact).unwrap_or_else(|e| panic!("{e}"));
+        let mut s = sampler(params(0.0, 0), &[]).with_constraint(c);
+        let mut out = Vec::new();
+        for _ in 0..limit {
+            let mut l = vec![0.0f32; V];
+            for (i, &b) in favour.iter().enumerate() {
+                l[b as usize] = 20.0 - i as f32;
+            }
+            let t = sample(&mut s, &l);
+            if t == EOS {
+                return (String::from_utf8(out).expect("utf-8"), true);
+            }
+            out.push(t as u8);
+        }
+        (String::from_utf8_lossy(&out).into_owned(), false)
+    }
+
+    #[test]
+    fn a_model_stuck_in_a_value_reaches_a_valid_end() {
+        let t = Tokenizer::byte_level(V).unwrap();
+        let g = Grammars::new(&t, V).unwrap().with_json_bounds(JsonBounds { max_length: 10, max_items: 3 });
+        let closed = |props: Value| json!({"type": "object", "properties": props, "required": ["v"], "additionalProperties": false});
+        // An integer: at most 19 digits, then it must close (issue: "811122232312344888...").
+        let (text, ended) = generate_stuck(&g, &GrammarSpec::JsonSchema(closed(json!({"v": {"type": "integer"}}))), b"8", 60);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(ended && v["v"].as_i64().is_some_and(|n| (n as f64).abs() <= INT_BOUND), "{text:?}");
+        // A string of one letter, and an array of such integers.
+        let (text, ended) = generate_stuck(&g, &GrammarSpec::JsonSchema(closed(json!({"v": {"type": "string"}}))), b"a", 60);
+        assert!(ended && text == r#"{"v": "aaaaaaaaaa"}"#, "{text:?}");
+        let list = closed(json!({"v": {"type": "array", "items": {"type": "integer"}}}));
+        let (text, ended) = generate_stuck(&g, &GrammarSpec::JsonSchema(list), b"8,", 120);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(ended && v["v"].as_array().is_some_and(|a| a.len() == 3), "{text:?}");
+        // The schema's own bound wins over the default.
+        let own = closed(json!({"v": {"type": "string", "maxLength": 20}}));
+        let (text, _) = generate_stuck(&g, &GrammarSpec::JsonSchema(own), b"a", 60);
+        assert_eq!(text.matches('a').count(), 20, "{text:?}");
+        // json_object: every value is bounded the same way.
+        let (text, ended) = generate_stuck(&g, &GrammarSpec::JsonObject, b"\"a", 200);
+        assert!(ended && serde_json::from_str::<Value>(&text).is_ok_and(|v| v.is_object()), "{text:?}");
     }
 
     #[test]

@@ -328,4 +328,16 @@ async fn json_schema_outputs_of_the_real_model_validate() {
             common::schema::check(&parsed, schema).unwrap_or_else(|e| panic!("t={t}: {e}: {text}"));
         }
     }
+    // A schema without bounds (issue 47's report): greedy, this prompt's integer ran
+    // "81112222342234444444..." into max_tokens; the default bounds make the model close it
+    // after 18 digits.
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                        "required": ["city", "population"], "additionalProperties": false});
+    let body = json!({"messages": user("Describe New York as JSON."), "temperature": 0, "max_tokens": 120,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}});
+    let (st, _, v) = post(&chat(), &body).await;
+    let c = &v["choices"][0];
+    assert_eq!((st, c["finish_reason"].as_str()), (200, Some("stop")), "{v}");
+    let parsed: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap_or_else(|e| panic!("not JSON ({e}): {c}"));
+    assert!(parsed["population"].as_i64().is_some_and(|n| n.unsigned_abs() <= 1_000_000_000_000_000_000), "{parsed}");
 }

@@ -135,6 +135,11 @@ pub struct ServeArgs {
     /// Most top logprobs per token.
     #[arg(long, default_value_t = 20, env = "PACE_MAX_LOGPROBS")]
     pub max_logprobs: usize,
+    /// Bounds JSON outputs get where their schema sets none, so a looping model must close the
+    /// value: `max_length=N` (string characters), `max_items=N` (array items, object keys);
+    /// integers stay within 10^18 (docs/api.md).
+    #[arg(long, default_value = "max_length=4096,max_items=1024", value_parser = parse_json_bounds, env = "PACE_JSON_BOUNDS")]
+    pub json_bounds: pace_models::constraint::JsonBounds,
     /// Most output tokens one request may ask for over all its choices (n x prompts x
     /// max_tokens): more is a 400 naming max_tokens; a request that sends no max_tokens has its
     /// default (the room left in the context) cut to fit. Bounds what one request can make the
@@ -279,6 +284,21 @@ fn parse_stall(s: &str) -> Result<(u32, f64), String> {
 }
 
 use pace_scheduler::slo_args::{non_negative as parse_non_negative, positive as parse_positive};
+
+/// `--json-bounds`: `max_length=N,max_items=N`, a key left out keeps its default.
+fn parse_json_bounds(s: &str) -> Result<pace_models::constraint::JsonBounds, String> {
+    let mut b = pace_models::constraint::JsonBounds::default();
+    for kv in s.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("'{kv}' is not KEY=N"))?;
+        let n: u64 = v.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| format!("{k}: '{v}' is not a positive integer"))?;
+        match k.trim() {
+            "max_length" => b.max_length = n,
+            "max_items" => b.max_items = n,
+            other => return Err(format!("unknown key '{other}' (max_length, max_items)")),
+        }
+    }
+    Ok(b)
+}
 
 /// Runs the server until SIGTERM/SIGINT and a drain.
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -556,7 +576,7 @@ fn load(args: &ServeArgs, state: &Arc<AppState>, slo: SloParams, on_fatal: Optio
     let grammars = match pace_models::constraint::Grammars::new(&tokenizer, loaded.model.config().vocab_size) {
         Ok(g) => {
             tracing::info!(secs = t.elapsed().as_secs_f64(), "structured outputs ready");
-            Some(Arc::new(g))
+            Some(Arc::new(g.with_json_bounds(args.json_bounds)))
         }
         Err(e) => {
             tracing::warn!(error = %e, "structured outputs are not available for this model");
@@ -636,6 +656,19 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
+    }
+
+    /// `--json-bounds`: either key alone keeps the other's default; anything else is refused.
+    #[test]
+    fn json_bounds_parse_by_key() {
+        let parse = |v: &str| Cli::try_parse_from(["serve", "--json-bounds", v]).map(|c| c.serve.json_bounds);
+        let d = pace_models::constraint::JsonBounds::default();
+        assert_eq!(Cli::try_parse_from(["serve"]).unwrap().serve.json_bounds, d);
+        assert_eq!(parse("max_items=7").unwrap(), pace_models::constraint::JsonBounds { max_items: 7, ..d });
+        assert_eq!(parse(" max_length=9 , max_items=2").unwrap(), pace_models::constraint::JsonBounds { max_length: 9, max_items: 2 });
+        for bad in ["max_items=0", "max_items=-1", "depth=3", "max_length", "max_length=1e3"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     /// An API key reaches no `Debug` output (a log line of the arguments, a panic message).
