@@ -297,6 +297,29 @@ print("ok")
     assert!(out.status.success(), "the OpenAI Python client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
+/// `tool_choice: "required"` cut by `max_tokens` (issue 47's report: greedy, the model writes
+/// a list of calls whose third `max_tokens` cuts, and the reply came back as the list's raw
+/// text): the calls written in full come back as `tool_calls`, with no content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_tool_calls_cut_by_max_tokens_keep_the_whole_ones() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"messages": user("What is the weather in Paris, London and Rome?"), "tools": tools, "tool_choice": "required",
+                      "temperature": 0, "max_tokens": 80});
+    let (st, _, v) = post(&chat(), &body).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "this prompt's calls outrun 80 tokens: {c}");
+    assert!(c["message"]["content"].as_str().is_none_or(str::is_empty), "{c}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("no tool_calls: {c}"));
+    assert!(!calls.is_empty(), "{c}");
+    for call in calls {
+        assert_eq!(call["function"]["name"], "get_weather", "{c}");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {c}"));
+        assert!(args["city"].is_string(), "{c}");
+    }
+}
+
 /// The default model under JSON schemas (nested objects, enums, arrays, required and optional
 /// fields), greedy and sampled: every output parses and validates, and ends by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

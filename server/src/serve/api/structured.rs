@@ -22,8 +22,10 @@
 //!   Hermes / Llama 3 JSON style (`<tool_call>{"name", "arguments"}</tool_call>`, or the whole
 //!   reply one `{"name", "parameters"|"arguments"}` object naming a tool) becomes `tool_calls`.
 //!
-//! A reply made of tool calls ends with `finish_reason: "tool_calls"` (or `length` when
-//! `max_tokens` cut it: the arguments are then incomplete, as with vLLM).
+//! A reply made of tool calls ends with `finish_reason: "tool_calls"`, or `length` when
+//! `max_tokens` cut it: a named call's arguments are then incomplete (as with vLLM), and a
+//! `required` list is the calls written in full (or its first call, arguments incomplete, when
+//! none was), never the list's raw text.
 
 use pace_models::constraint::{GrammarSpec, JsonWhitespace};
 use serde_json::{json, Map, Value};
@@ -313,8 +315,18 @@ pub fn parse_calls(mode: &ToolMode, text: &str) -> Option<Vec<ToolCall>> {
             Some(vec![ToolCall { id: call_id(), kind: "function", function: FunctionCall { name: name.clone(), arguments: text.to_string() } }])
         }
         ToolMode::Required => {
-            let list: Vec<Value> = serde_json::from_str(text).ok()?;
-            list.iter().map(|c| Some(call(c.get("name")?.as_str()?, c.get("parameters")?))).collect::<Option<Vec<_>>>().filter(|v| !v.is_empty())
+            let (items, cut) = list_prefix(text)?;
+            let mut calls = items.iter().map(|c| Some(call(c.get("name")?.as_str()?, c.get("parameters")?))).collect::<Option<Vec<_>>>()?;
+            if calls.is_empty() {
+                // Cut inside the first call: once its name is written it is that call, its
+                // arguments incomplete (as a named call cut by max_tokens); before that, no call
+                // (and still no text: the reply was to be calls).
+                let first = cut?.strip_prefix(r#"{"name": ""#).and_then(|c| c.split_once(r#"", "parameters": "#));
+                if let Some((name, args)) = first {
+                    calls.push(ToolCall { id: call_id(), kind: "function", function: FunctionCall { name: name.to_string(), arguments: args.to_string() } });
+                }
+            }
+            Some(calls)
         }
         ToolMode::Auto { names } => {
             let known = |v: &Value| -> Option<ToolCall> {
@@ -351,6 +363,38 @@ pub fn parse_calls(mode: &ToolMode, text: &str) -> Option<Vec<ToolCall>> {
             } else {
                 None
             }
+        }
+    }
+}
+
+/// The complete items of a JSON list that may be cut short (by `max_tokens`): the items, and
+/// the text of the cut item if the list did not close. None if `text` is not a list's start or
+/// has anything but items after the `[`.
+fn list_prefix(text: &str) -> Option<(Vec<Value>, Option<&str>)> {
+    let mut rest = text.trim_start().strip_prefix('[')?;
+    let mut items = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if items.is_empty() {
+            if let Some(after) = rest.strip_prefix(']') {
+                return after.trim().is_empty().then_some((items, None));
+            }
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(v)) => items.push(v),
+            // A value cut short: the text ran out inside it.
+            Some(Err(e)) if e.is_eof() => return Some((items, Some(rest))),
+            None => return Some((items, None)),
+            Some(Err(_)) => return None,
+        }
+        rest = rest[values.byte_offset()..].trim_start();
+        if let Some(after) = rest.strip_prefix(',') {
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix(']') {
+            return after.trim().is_empty().then_some((items, None));
+        } else {
+            return rest.is_empty().then_some((items, None));
         }
     }
 }
@@ -574,6 +618,28 @@ mod tests {
         }
         assert!(may_be_call("  <tool") && may_be_call("{") && may_be_call(""));
         assert!(!may_be_call("Sure") && !may_be_call("<b>"));
+    }
+
+    /// `required` output cut by `max_tokens`: the calls written in full are the reply; a first
+    /// call cut after its name is that call with incomplete arguments; garbage is not calls.
+    #[test]
+    fn required_calls_cut_short_keep_the_complete_ones() {
+        let w = |city: &str| format!(r#"{{"name": "get_weather", "parameters": {{"city": "{city}", "unit": "celsius"}}}}"#);
+        let whole = format!("[{}, {}]", w("Paris"), w("Rome"));
+        assert_eq!(parse_calls(&ToolMode::Required, &whole).map(|c| c.len()), Some(2));
+        let cut = format!(r#"[{}, {}, {{"name": "get_weather", "parameters": {{"city": "Os"#, w("Paris"), w("Rome"));
+        let c = parse_calls(&ToolMode::Required, &cut).unwrap();
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[1].function.arguments, r#"{"city":"Rome","unit":"celsius"}"#);
+        for (text, n) in [(format!("[{}, ", w("Paris")), 1), (format!("[{}", w("Paris")), 1)] {
+            assert_eq!(parse_calls(&ToolMode::Required, &text).map(|c| c.len()), Some(n), "{text}");
+        }
+        let first = parse_calls(&ToolMode::Required, r#"[{"name": "get_weather", "parameters": {"city": "Pa"#).unwrap();
+        assert_eq!((first[0].function.name.as_str(), first[0].function.arguments.as_str()), ("get_weather", r#"{"city": "Pa"#));
+        assert_eq!(parse_calls(&ToolMode::Required, r#"[{"name": "get_w"#).map(|c| c.len()), Some(0));
+        for bad in ["", "x", "[]", "[1, 2]", r#"[{"name": "a"}]"#, &format!("[{}] and more", w("Paris"))] {
+            assert!(parse_calls(&ToolMode::Required, bad).is_none(), "{bad}");
+        }
     }
 
     #[test]
