@@ -319,26 +319,22 @@ impl JsonBounds {
         }
         for (key, sub) in o.iter_mut() {
             match key.as_str() {
-                // A schema.
+                // A schema, or a list of schemas (`items` is either).
                 "additionalProperties"
                 | "items"
+                | "additionalItems"
+                | "prefixItems"
+                | "anyOf"
+                | "oneOf"
+                | "allOf"
                 | "not"
                 | "if"
                 | "then"
                 | "else"
-                | "contains"
-                | "propertyNames"
-                | "additionalItems"
-                | "unevaluatedItems"
-                | "unevaluatedProperties" => self.bound(sub),
-                // A list of schemas.
-                "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
-                    if let Value::Array(a) = sub {
-                        a.iter_mut().for_each(|s| self.bound(s));
-                    } else {
-                        self.bound(sub);
-                    }
-                }
+                | "contains" => match sub {
+                    Value::Array(a) => a.iter_mut().for_each(|s| self.bound(s)),
+                    s => self.bound(s),
+                },
                 // A map of names to schemas.
                 "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
                     if let Value::Object(m) = sub {

@@ -452,6 +452,8 @@ mod constrained {
         assert_eq!(p["list"]["maxItems"], 3);
         assert_eq!(p["list"]["items"]["anyOf"][0]["maximum"].as_f64(), Some(INT_BOUND));
         assert_eq!(s["$defs"]["word"]["maxLength"], 7);
+        let tuple = b.apply(json!({"type": "array", "items": [{"type": "integer"}, {"type": "string"}]}));
+        assert_eq!((tuple["items"][0]["maximum"].as_f64(), &tuple["items"][1]["maxLength"]), (Some(INT_BOUND), &json!(7)), "{tuple}");
         assert!(s.get("maxProperties").is_none(), "a closed object is bounded by its names: {s}");
         assert_eq!(b.apply(json!({"type": "object", "properties": {"a": {}}}))["maxProperties"], 3);
     }
