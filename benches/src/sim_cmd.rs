@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use pace_scheduler::sim::workload::sharegpt_pairs;
 use pace_scheduler::sim::{
-    preset, presets, saturation, sweep, Arrivals, ClientModel, LengthSource, Lengths, Load, PriorityMix, Retries, Saturation, Sharing, SimConfig, SweepPoint,
-    SweepSpec,
+    preset, presets, saturation, sweep, Arrivals, ClientModel, Fleet, LengthSource, Lengths, Load, PriorityMix, Retries, Router, Saturation, Sharing,
+    SimConfig, SweepPoint, SweepSpec,
 };
 use pace_scheduler::slo::{check_window_fractions, BinarySlo, MaxTokensRule, Patience};
 use serde::Serialize;
@@ -96,6 +96,17 @@ pub struct SimArgs {
     /// learns the truth online from the noisy steps.
     #[arg(long, default_value_t = 0.3)]
     pub prior_error: f64,
+    /// Identical replicas behind a router, each with its own scheduler and step clock (a
+    /// refused request is retried through the router); the saturation estimate, and so the
+    /// load factors, scale with them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub replicas: u16,
+    /// How the router picks a replica for each request, comma separated to compare them (every
+    /// policy runs behind each): round-robin, least-queue (fewest requests running or waiting)
+    /// or predicted-wait (pace's `/get_load` `predicted_wait_s`: the shortest predicted wait
+    /// before a new request starts, ties by the fewest requests).
+    #[arg(long, value_delimiter = ',', default_value = "round-robin", value_parser = Router::parse)]
+    pub routers: Vec<Router>,
     /// Write sweep.json, summary.jsonl, report.md and one SVG per metric here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -373,7 +384,7 @@ fn summary(p: &SweepPoint, preset: &str, args: &SimArgs, seeds: &[u64]) -> Summa
     let (cf, cf_ci) = p.mean_ci(|r| r.ceiling_fraction);
     SummaryLine {
         preset: preset.to_string(),
-        policy: p.policy.clone(),
+        policy: if args.replicas > 1 || args.routers.len() > 1 { format!("{} @ {}", p.policy, p.router.name()) } else { p.policy.clone() },
         rate: p.rate,
         load_factor: p.load_factor,
         clients: match p.load {
@@ -554,8 +565,11 @@ fn setup(args: &SimArgs) -> Result<Setup> {
 /// Run `pace sim`.
 pub fn run(args: &SimArgs) -> Result<()> {
     let prov = provenance::collect();
-    let Setup { preset: name, cfg, workload, client, seeds } = setup(args)?;
-    let sat = saturation(&cfg, &workload, &client, 0, seeds[0]);
+    let Setup { preset: name, mut cfg, workload, client, seeds } = setup(args)?;
+    let one = saturation(&cfg, &workload, &client, 0, seeds[0]);
+    let n = f64::from(args.replicas);
+    let sat = Saturation { rate: one.rate * n, output_tps: one.output_tps * n };
+    cfg.fleet = Fleet { replicas: usize::from(args.replicas), router: args.routers.first().copied().unwrap_or_default() };
     let loads: Vec<Load> = match (&args.clients, &args.rates) {
         (Some(c), _) => {
             if c.contains(&0) {
@@ -570,7 +584,8 @@ pub fn run(args: &SimArgs) -> Result<()> {
         bail!("offered rates must be positive");
     }
     let policies: Vec<&str> = args.policies.iter().map(|s| s.as_str()).collect();
-    let spec = SweepSpec { policies: &policies, loads: &loads, num_requests: args.num_requests, seeds: &seeds, client, saturation: sat };
+    let spec =
+        SweepSpec { policies: &policies, routers: &args.routers, loads: &loads, num_requests: args.num_requests, seeds: &seeds, client, saturation: sat };
     let points = sweep(&cfg, &workload, &spec)?;
     let lines: Vec<SummaryLine> = points.iter().map(|x| summary(x, name, args, &seeds)).collect();
     if args.json {
@@ -598,9 +613,10 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
     let (mean_in, mean_out) = workload.mean_lengths();
     let slo = &cfg.sched.slo;
     format!(
-        "preset {name} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
+        "preset {name}{} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
          mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {}, reading rates {}, stop fraction {}, retries {}, arrivals {} | step times {}, prior error {} | \
          q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{} | {} KV blocks of {} tokens{}",
+        if args.replicas > 1 { format!(" x {} replicas behind a router (saturation scaled)", args.replicas) } else { String::new() },
         sat.rate,
         sat.output_tps,
         args.num_requests,
@@ -1003,6 +1019,42 @@ mod tests {
         let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
         assert!(report.contains("By priority:") && report.contains("priority mix 0.25:-2"), "{report}");
         std::fs::remove_dir_all(&dir).ok();
+        // A fleet: every policy behind every router, labelled so, and the saturation scaled.
+        let dir = std::env::temp_dir().join(format!("pace-sim-test-fleet-{}", std::process::id()));
+        let cli = Cli::try_parse_from([
+            "sim",
+            "--preset",
+            "cpu-smollm2",
+            "--policies",
+            "fcfs",
+            "--replicas",
+            "3",
+            "--routers",
+            "round-robin,predicted-wait",
+            "--load-factors",
+            "1",
+            "--num-requests",
+            "300",
+            "--seed",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+            "--json",
+        ])
+        .unwrap();
+        run(&cli.sim).unwrap();
+        let lines: Vec<serde_json::Value> =
+            std::fs::read_to_string(dir.join("summary.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let names: Vec<&str> = lines.iter().map(|l| l["policy"].as_str().unwrap()).collect();
+        assert_eq!(names, ["fcfs @ round-robin", "fcfs @ predicted-wait"]);
+        let s = setup(&cli.sim).unwrap();
+        let one = saturation(&s.cfg, &s.workload, &s.client, 0, 1).rate;
+        let three = lines[0]["saturation_rate"].as_f64().unwrap();
+        assert!(three > 2.5 * one && three < 3.5 * one, "{three} vs {one}");
+        assert!(std::fs::read_to_string(dir.join("report.md")).unwrap().contains("x 3 replicas behind a router"));
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(Cli::try_parse_from(["sim", "--routers", "random"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--replicas", "0"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--preset", "tpu"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--rates", "1", "--load-factors", "1"]).is_err());
         assert!(Cli::try_parse_from(["sim", "--clients", "4", "--rates", "1"]).is_err());

@@ -105,6 +105,14 @@ pub struct RejectCounts {
 }
 
 impl RejectCounts {
+    fn absorb(&mut self, o: &Self) {
+        self.queue_full += o.queue_full;
+        self.queue_tokens += o.queue_tokens;
+        self.predicted_late += o.predicted_late;
+        self.too_long += o.too_long;
+        self.invalid += o.invalid;
+    }
+
     fn bump(&mut self, r: RejectReason) {
         *match r {
             RejectReason::QueueFull => &mut self.queue_full,
@@ -137,6 +145,14 @@ pub struct FinishCounts {
 }
 
 impl FinishCounts {
+    fn absorb(&mut self, o: &Self) {
+        self.stop += o.stop;
+        self.length += o.length;
+        self.abort += o.abort;
+        self.dropped += o.dropped;
+        self.error += o.error;
+    }
+
     fn bump(&mut self, r: FinishReason) {
         match r {
             FinishReason::Stop => self.stop += 1,
@@ -194,6 +210,38 @@ pub struct SchedulerStats {
     /// prefill steps (the routers' load signal, `/get_load`).
     #[serde(default)]
     pub predicted_wait_s: f64,
+}
+
+impl SchedulerStats {
+    /// Adds another replica's counters and gauges to these (a fleet's total; the largest idle
+    /// latency is the largest of the two).
+    pub fn absorb(&mut self, o: &Self) {
+        self.running += o.running;
+        self.waiting += o.waiting;
+        self.preempted_waiting += o.preempted_waiting;
+        self.kv_blocks_used += o.kv_blocks_used;
+        self.kv_blocks_total += o.kv_blocks_total;
+        self.preemptions += o.preemptions;
+        self.rejected.absorb(&o.rejected);
+        self.finished.absorb(&o.finished);
+        self.max_idle_in_flight = self.max_idle_in_flight.max(o.max_idle_in_flight);
+        self.steps += o.steps;
+        self.prefix_cache_queries += o.prefix_cache_queries;
+        self.prefix_cache_hits += o.prefix_cache_hits;
+        self.door = match (self.door, o.door) {
+            (Some(a), Some(b)) => Some(policy::DoorStats {
+                overloaded: a.overloaded || b.overloaded,
+                arrivals: a.arrivals + b.arrivals,
+                overloaded_arrivals: a.overloaded_arrivals + b.overloaded_arrivals,
+                returns: a.returns + b.returns,
+                refused: a.refused + b.refused,
+            }),
+            (a, b) => a.or(b),
+        };
+        self.queued_tokens += o.queued_tokens;
+        self.running_tokens += o.running_tokens;
+        self.predicted_wait_s = self.predicted_wait_s.min(o.predicted_wait_s);
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,10 +550,10 @@ impl Scheduler {
             return refuse(RejectReason::TooLong, 0.0);
         }
         if self.waiting.len() >= self.cfg.max_queue_requests {
-            return refuse(RejectReason::QueueFull, self.queue_drain_estimate());
+            return refuse(RejectReason::QueueFull, self.predicted_wait(0));
         }
         if self.queued_tokens + req.prompt.len() > self.cfg.max_queue_tokens {
-            return refuse(RejectReason::QueueTokens, self.queue_drain_estimate());
+            return refuse(RejectReason::QueueTokens, self.predicted_wait(0));
         }
         let cached = self.cached_prefix(&req.prompt, req.cache_salt.unwrap_or(0)).len() * self.cfg.block_size;
         let view = SeqView {
@@ -603,11 +651,24 @@ impl Scheduler {
     }
 
     /// Seconds to prefill the waiting queue at full steps: the Retry-After of a full queue.
-    fn queue_drain_estimate(&self) -> f64 {
+    /// Seconds until a request arriving now would start, with `extra` prompt tokens more
+    /// queued: the queued prompt tokens at full prefill steps (the routers' load signal,
+    /// `/get_load`'s `predicted_wait_s`).
+    pub fn predicted_wait(&self, extra: usize) -> f64 {
         let mut full = StepShape::default();
         full.add_slice(0, self.cfg.max_batch_tokens.max(2));
         let rate = full.prefill_tokens as f64 / self.cost.predict(&full).max(1e-9);
-        self.queued_tokens as f64 / rate
+        (self.queued_tokens + extra) as f64 / rate
+    }
+
+    /// Requests in the running batch.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting (preempted included).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     fn refresh_views(&mut self) {
@@ -943,7 +1004,7 @@ impl Scheduler {
             door: self.decisions.door,
             queued_tokens: self.queued_tokens,
             running_tokens: self.live().filter(|r| r.state == State::Running).map(|r| r.tokens.len()).sum(),
-            predicted_wait_s: self.queue_drain_estimate(),
+            predicted_wait_s: self.predicted_wait(0),
         }
     }
 }

@@ -136,6 +136,7 @@ fn every_policy_gets_the_same_window_and_the_same_counted_requests() {
     let sat = saturation(&cfg, &p.workload, &client, 0, 1);
     let spec = SweepSpec {
         policies: &["smooth", "fcfs", "drop-late", "smooth:door=0", "smooth:start=0", "smooth:order=0"],
+        routers: &[],
         loads: &[Load::Rate(1.5 * sat.rate)],
         num_requests: 2000,
         seeds: &[1, 2],

@@ -24,7 +24,7 @@ fn smooth_refuses_nobody_below_saturation_and_beats_fcfs_above() {
     let (p, cfg, client, sat) = setup();
     let factors = [0.5, 1.0, 1.5, 2.0];
     let loads: Vec<Load> = factors.iter().map(|f| Load::Rate(f * sat.rate)).collect();
-    let spec = SweepSpec { policies: &["smooth", "fcfs"], loads: &loads, num_requests: 1200, seeds: &[1], client, saturation: sat };
+    let spec = SweepSpec { policies: &["smooth", "fcfs"], routers: &[], loads: &loads, num_requests: 1200, seeds: &[1], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     let interval = 1.0 / cfg.sched.slo.default_class.reading_rate;
     for f in factors {
@@ -63,7 +63,7 @@ fn smooth_refuses_nobody_below_saturation_and_beats_fcfs_above() {
 fn a_closed_loop_is_never_judged_overloaded() {
     let (p, cfg, client, sat) = setup();
     let over = [Load::Clients(64), Load::Clients(128)];
-    let spec = SweepSpec { policies: &["smooth", "fcfs"], loads: &over, num_requests: 1000, seeds: &[1], client, saturation: sat };
+    let spec = SweepSpec { policies: &["smooth", "fcfs"], routers: &[], loads: &over, num_requests: 1000, seeds: &[1], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     for pt in &points {
         let r = &pt.runs[0];
@@ -87,7 +87,7 @@ fn a_closed_loop_is_never_judged_overloaded() {
         assert!(s.ceiling_fraction >= f.ceiling_fraction - 0.01, "{load:?}: smooth {} vs fcfs {}", s.ceiling_fraction, f.ceiling_fraction);
     }
     let loads = [Load::Clients(8), Load::Clients(32)];
-    let spec = SweepSpec { policies: &["smooth", "fcfs"], loads: &loads, num_requests: 300, seeds: &[2], client, saturation: sat };
+    let spec = SweepSpec { policies: &["smooth", "fcfs"], routers: &[], loads: &loads, num_requests: 300, seeds: &[2], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     for pt in &points {
         let s = &pt.runs[0].eval.stats;
@@ -119,7 +119,7 @@ fn heavier_requests_are_refused_less_under_overload() {
     let (p, cfg, mut client, sat) = setup();
     client.priority_mix = "0.2:-2".parse().unwrap();
     let loads = [Load::Rate(2.0 * sat.rate)];
-    let spec = SweepSpec { policies: &["smooth", "fcfs"], loads: &loads, num_requests: 1200, seeds: &[1], client, saturation: sat };
+    let spec = SweepSpec { policies: &["smooth", "fcfs"], routers: &[], loads: &loads, num_requests: 1200, seeds: &[1], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     let (s, f) = (&point(&points, "smooth", 2.0).runs[0], &point(&points, "fcfs", 2.0).runs[0]);
     let by = |r: &pace_scheduler::sim::SeedRun, prio: i64| r.eval.by_priority.iter().find(|(q, _)| *q == prio).map(|(_, s)| s.clone()).unwrap();
@@ -151,7 +151,7 @@ fn the_start_rule_keeps_the_batch_within_memory() {
     cfg.sched.num_kv_blocks = 300;
     let loads = [Load::Rate(1.5)];
     let policies = ["smooth", "smooth:start=0", "fcfs"];
-    let spec = SweepSpec { policies: &policies, loads: &loads, num_requests: 1000, seeds: &[1], client, saturation: sat };
+    let spec = SweepSpec { policies: &policies, routers: &[], loads: &loads, num_requests: 1000, seeds: &[1], client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     let at = |policy: &str| &points.iter().find(|pt| pt.policy == policy).unwrap().runs[0];
     for policy in policies {
@@ -181,7 +181,7 @@ fn smooth_is_at_least_as_good_as_every_ablation_above_saturation() {
     let seeds = [1, 2, 3];
     let factors = [1.5, 2.0];
     let loads: Vec<Load> = factors.iter().map(|f| Load::Rate(f * sat.rate)).collect();
-    let spec = SweepSpec { policies: &policies, loads: &loads, num_requests: 6000, seeds: &seeds, client, saturation: sat };
+    let spec = SweepSpec { policies: &policies, routers: &[], loads: &loads, num_requests: 6000, seeds: &seeds, client, saturation: sat };
     let points = sweep(&cfg, &p.workload, &spec).unwrap();
     for f in factors {
         let smooth = point(&points, "smooth", f);

@@ -18,6 +18,10 @@
 //!   for the plan's [`StepShape`], times log-normal noise; the scheduler starts from a prior whose
 //!   coefficients are off by seeded factors, and refits on the measured (noisy) durations.
 //!
+//! - **Replicas behind a router** ([`Fleet`], [`run_fleet`]): each replica is its own scheduler
+//!   with its own step clock; the router picks one for each request (and each retry) as the
+//!   replicas stand when it arrives ([`Router`]: round-robin, least-queue, predicted-wait).
+//!
 //! Metrics are [`crate::slo`]'s.
 
 pub mod preset;
@@ -68,6 +72,9 @@ pub struct SimConfig {
     pub warmup_fraction: f64,
     /// End of the measurement window, same unit.
     pub window_end_fraction: f64,
+    /// Replicas and their router ([`sweep`] runs `fleet.replicas` of each policy; [`run`]
+    /// one).
+    pub fleet: Fleet,
 }
 
 impl SimConfig {
@@ -82,6 +89,7 @@ impl SimConfig {
             seed: 0,
             warmup_fraction: 0.1,
             window_end_fraction: 0.8,
+            fleet: Fleet::default(),
         }
     }
 
@@ -136,6 +144,8 @@ pub struct SimResult {
     pub requests: Vec<SimRequest>,
     /// Tokens fed to the model for each request (prefill chunks, decodes, recomputes).
     pub work: Vec<usize>,
+    /// The replica each request was last routed to (all 0 for one server).
+    pub replica: Vec<usize>,
     /// Counted requests: indices `counted.0..counted.1`.
     pub counted: (usize, usize),
     /// The measurement window, seconds: arrivals in it are counted (open loop); closed loops and
@@ -294,6 +304,8 @@ struct Book {
     records: Vec<RequestRecord>,
     ended: Vec<bool>,
     delivered: Vec<usize>,
+    /// The replica each request was last routed to.
+    home: Vec<usize>,
     /// Departures of impatient clients: (time, request, tokens delivered when it was set).
     departures: BinaryHeap<Reverse<(At, usize, usize)>>,
     /// Readers who stop on time ([`SimRequest::stop_after`]): (time, request).
@@ -367,7 +379,7 @@ impl Book {
     }
 
     /// Aborts every request whose client left by `now`, at the moment it left.
-    fn leave(&mut self, sched: &mut Scheduler, now: f64) {
+    fn leave(&mut self, reps: &mut [Replica], now: f64) {
         while let Some(&Reverse((At(at), i, n))) = self.departures.peek() {
             if at > now {
                 break;
@@ -376,7 +388,7 @@ impl Book {
             if self.ended[i] || self.delivered[i] != n {
                 continue;
             }
-            if sched.abort(i as u64, at).is_some() {
+            if reps[self.home[i]].sched.abort(i as u64, at).is_some() {
                 self.end(i, Outcome::Abandoned, at);
             }
         }
@@ -384,13 +396,13 @@ impl Book {
 
     /// Aborts every stream whose reader stopped by `now` (on time: it ends as completed, with
     /// what it got).
-    fn stop(&mut self, sched: &mut Scheduler, now: f64) {
+    fn stop(&mut self, reps: &mut [Replica], now: f64) {
         while let Some(&Reverse((At(at), i))) = self.stops.peek() {
             if at > now {
                 break;
             }
             self.stops.pop();
-            if !self.ended[i] && sched.abort(i as u64, at).is_some() {
+            if !self.ended[i] && reps[self.home[i]].sched.abort(i as u64, at).is_some() {
                 self.end(i, Outcome::Completed, at);
             }
         }
@@ -401,6 +413,25 @@ impl Book {
         let leave = self.departures.peek().map(|d| d.0 .0 .0);
         let stop = self.stops.peek().map(|d| d.0 .0 .0);
         leave.into_iter().chain(stop).reduce(f64::min)
+    }
+
+    /// Whether every counted request has ended (and every one before it was sent).
+    fn done(&self, sent: usize) -> bool {
+        self.counted_left == 0 && sent >= self.counted.1
+    }
+
+    /// A closed loop's or a burst's window: from the first counted send to the last counted end
+    /// (the sends of the counted requests and of the next one can all fall at time 0 when there
+    /// are more clients than counted requests).
+    fn span_window(&self, now: f64) -> (f64, f64) {
+        let (lo, hi) = self.counted;
+        let first = self.records[lo..hi].iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
+        let last = self.records[lo..hi].iter().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
+        if hi > lo {
+            (first, last.max(first))
+        } else {
+            (now, now)
+        }
     }
 
     fn next_retry(&self) -> Option<f64> {
@@ -439,11 +470,137 @@ impl Book {
     }
 }
 
-/// Simulate `requests` under `policy` with the arrivals `mode` says.
+/// How a fleet's router picks the replica for a request (and for each retry of one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Router {
+    /// In turn.
+    #[default]
+    RoundRobin,
+    /// The fewest requests running, waiting or on their way (the queue signal routers read
+    /// today).
+    LeastQueue,
+    /// The shortest predicted wait before a new request would start (pace's
+    /// `pace_predicted_wait_seconds`, `/get_load`'s `predicted_wait_s`), ties by the fewest
+    /// requests.
+    PredictedWait,
+}
+
+impl Router {
+    /// Every router, by its `--router` name.
+    pub const ALL: [(&'static str, Router); 3] =
+        [("round-robin", Router::RoundRobin), ("least-queue", Router::LeastQueue), ("predicted-wait", Router::PredictedWait)];
+
+    /// Its `--router` name.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(_, r)| *r == self).map_or("round-robin", |(n, _)| n)
+    }
+
+    /// A router from its name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, r)| *r).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|(n, _)| *n).collect();
+            format!("unknown router `{s}`: expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// Identical replicas behind one router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fleet {
+    /// Replicas (1: one server, no router).
+    pub replicas: usize,
+    /// How requests are spread over them.
+    pub router: Router,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self { replicas: 1, router: Router::RoundRobin }
+    }
+}
+
+/// One replica of a run: its scheduler, its step in flight and what was routed to it meanwhile.
+struct Replica {
+    sched: Scheduler,
+    /// When it next acts: its step in flight ends, a client may leave, or never (idle until
+    /// a request is routed to it).
+    next: f64,
+    plan: crate::plan::BatchPlan,
+    /// The step in flight's shape and duration.
+    step: Option<(StepShape, f64)>,
+    /// Requests routed to it since its last step began, added when the step ends, as a server
+    /// adds what arrived while it computed: retries first, then new requests.
+    retries_in: Vec<(usize, f64)>,
+    arrivals_in: Vec<(usize, f64)>,
+}
+
+impl Replica {
+    fn inbox(&self) -> impl Iterator<Item = usize> + '_ {
+        self.retries_in.iter().chain(&self.arrivals_in).map(|&(i, _)| i)
+    }
+
+    /// Requests running, waiting or on their way.
+    fn queue(&self) -> usize {
+        self.sched.num_running() + self.sched.num_waiting() + self.retries_in.len() + self.arrivals_in.len()
+    }
+
+    /// Seconds until a request routed now would start.
+    fn predicted_wait(&self, reqs: &[SimRequest]) -> f64 {
+        self.sched.predicted_wait(self.inbox().map(|i| reqs[i].prompt_len).sum())
+    }
+
+    /// Routes request `i` here at `at` (the run's clock is `now`): an idle replica wakes.
+    fn receive(&mut self, i: usize, at: f64, retry: bool, now: f64) {
+        if retry {
+            self.retries_in.push((i, at));
+        } else {
+            self.arrivals_in.push((i, at));
+        }
+        if self.step.is_none() {
+            self.next = self.next.min(at.max(now));
+        }
+    }
+}
+
+/// The replica `router` picks; `turn` counts the requests routed, so ties go round.
+fn route(router: Router, turn: &mut usize, reps: &[Replica], reqs: &[SimRequest]) -> usize {
+    let n = reps.len();
+    let first = *turn % n;
+    *turn += 1;
+    let order = (0..n).map(|k| (first + k) % n);
+    match router {
+        Router::RoundRobin => first,
+        Router::LeastQueue => order.min_by_key(|&r| reps[r].queue()).unwrap_or(0),
+        Router::PredictedWait => {
+            order.map(|r| (r, reps[r].predicted_wait(reqs), reps[r].queue())).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2))).map_or(0, |(r, ..)| r)
+        }
+    }
+}
+
+/// Simulate `requests` under `policy` with the arrivals `mode` says, on one replica.
 pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mode: Mode) -> Result<SimResult, Stalled> {
+    run_fleet(cfg, vec![policy], requests, mode)
+}
+
+/// Simulate `requests` with the arrivals `mode` says on one replica per policy (each its own
+/// scheduler, cost model and step clock), behind `cfg.fleet.router`. Clients see one server:
+/// a refused request is retried through the router, so it may land elsewhere.
+pub fn run_fleet(cfg: &SimConfig, policies: Vec<Box<dyn Policy>>, requests: &[SimRequest], mode: Mode) -> Result<SimResult, Stalled> {
     let mut sched_cfg = cfg.sched.clone();
     sched_cfg.cost_prior = cfg.scheduler_prior();
-    let mut sched = Scheduler::new(sched_cfg, policy);
+    let mut reps: Vec<Replica> = policies
+        .into_iter()
+        .map(|p| Replica {
+            sched: Scheduler::new(sched_cfg.clone(), p),
+            next: f64::INFINITY,
+            plan: crate::plan::BatchPlan::default(),
+            step: None,
+            retries_in: Vec::new(),
+            arrivals_in: Vec::new(),
+        })
+        .collect();
+    assert!(!reps.is_empty(), "a run needs at least one replica");
     let class = cfg.sched.slo.default_class;
     // A request's class: the default, weighed by its priority as the server does, at the reading
     // rate its client declares.
@@ -486,6 +643,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
             .collect(),
         ended: vec![false; m],
         delivered: vec![0; m],
+        home: vec![0; m],
         departures: BinaryHeap::new(),
         stops: BinaryHeap::new(),
         retries: BinaryHeap::new(),
@@ -509,7 +667,7 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
     let start = t;
     let mut next = 0;
     let mut steps = 0;
-    let mut plan = crate::plan::BatchPlan::default();
+    let mut turn = 0;
     let mut out = StepOutput::default();
     let upcoming = |book: &Book, next: usize, reqs: &[SimRequest]| -> Option<f64> {
         match mode {
@@ -519,91 +677,108 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
     };
 
     loop {
-        // Arrivals and retries up to now.
-        while let Some(&Reverse((At(at), i))) = book.retries.peek().filter(|r| r.0 .0 .0 <= t) {
-            book.retries.pop();
-            book.send(&mut sched, &reqs, i, at);
-        }
-        while let Some(arrival) = upcoming(&book, next, &reqs).filter(|&a| a <= t) {
-            if book.closed {
-                book.free.pop();
-            }
-            let i = next;
-            next += 1;
-            reqs[i].arrival = arrival;
-            book.records[i].arrival = arrival;
-            book.records[i].end = arrival;
-            book.send(&mut sched, &reqs, i, arrival);
-        }
-        // A client whose patience ran out before the request was even looked at leaves now.
-        book.leave(&mut sched, t);
-        book.stop(&mut sched, t);
-        if book.counted_left == 0 && next >= counted.1 {
-            if book.closed || burst {
-                // Closed loop: from the first counted send to the last counted end (the sends of
-                // the counted requests and of the next one can all fall at time 0 when there are
-                // more clients than counted requests).
-                let (lo, hi) = counted;
-                let first = book.records[lo..hi].iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
-                let last = book.records[lo..hi].iter().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
-                window = if hi > lo { (first, last.max(first)) } else { (t, t) };
-            }
+        if book.done(next) {
             break;
         }
-        if !sched.has_unfinished() {
-            match upcoming(&book, next, &reqs).into_iter().chain(book.next_retry()).reduce(f64::min) {
-                Some(at) => {
-                    t = t.max(at);
-                    continue;
-                }
-                None => break,
+        // The next thing to happen: a request reaches the router (routed at once, as the
+        // replicas stand then), or a replica acts.
+        let (r, at_replica) = reps.iter().enumerate().map(|(r, rep)| (r, rep.next)).min_by(|a, b| a.1.total_cmp(&b.1)).expect("a replica");
+        let at_router = upcoming(&book, next, &reqs).into_iter().chain(book.next_retry()).reduce(f64::min);
+        match at_router {
+            Some(at) if at <= at_replica => {
+                t = t.max(at);
+                let retry = book.next_retry().is_some_and(|x| x <= at);
+                let i = if retry {
+                    book.retries.pop().map(|x| x.0 .1).expect("a retry")
+                } else {
+                    if book.closed {
+                        book.free.pop();
+                    }
+                    next += 1;
+                    reqs[next - 1].arrival = at;
+                    book.records[next - 1].arrival = at;
+                    book.records[next - 1].end = at;
+                    next - 1
+                };
+                let to = route(cfg.fleet.router, &mut turn, &reps, &reqs);
+                book.home[i] = to;
+                reps[to].receive(i, at, retry, t);
+                continue;
             }
+            None if at_replica.is_infinite() => {
+                if reps.iter().any(|rep| rep.sched.has_unfinished()) {
+                    let unfinished = reps.iter().map(|rep| rep.sched.num_running() + rep.sched.num_waiting()).sum();
+                    return Err(Stalled { time: t, unfinished });
+                }
+                break;
+            }
+            _ => {}
         }
-        sched.schedule_into(t, &mut plan);
-        if plan.is_empty() {
-            let events = sched.update(&plan, &StepOutput::default(), t);
+        // Replica `r` acts: its step in flight ends, then what was routed to it is added, then
+        // it plans its next step.
+        t = t.max(at_replica);
+        // Clients who left or stopped during the step never see its tokens.
+        book.leave(&mut reps, t);
+        book.stop(&mut reps, t);
+        if let Some((shape, dur)) = reps[r].step.take() {
+            let rep = &mut reps[r];
+            out.sampled.clear();
+            out.sampled.extend(rep.plan.seqs.iter().filter(|s| s.sample).map(|s| {
+                let i = s.id as usize;
+                let n = book.delivered[i];
+                let token = if n + 1 >= reqs[i].output_len { EOS } else { reqs[i].output_token(i, n) };
+                SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() }
+            }));
+            let events = rep.sched.update(&rep.plan, &out, t);
+            rep.sched.observe_step(&shape, dur);
             book.apply(&events, &reqs);
-            match upcoming(&book, next, &reqs).into_iter().chain(book.next_departure()).chain(book.next_retry()).reduce(f64::min) {
-                Some(at) => t = t.max(at),
-                None if sched.has_unfinished() => {
-                    let s = sched.stats();
-                    return Err(Stalled { time: t, unfinished: s.running + s.waiting });
-                }
-                None => {}
-            }
-            book.leave(&mut sched, t);
-            book.stop(&mut sched, t);
+        }
+        let rep = &mut reps[r];
+        for (i, at) in std::mem::take(&mut rep.retries_in).into_iter().chain(std::mem::take(&mut rep.arrivals_in)) {
+            book.send(&mut rep.sched, &reqs, i, at);
+        }
+        // A client whose patience ran out before the request was even looked at leaves now.
+        book.leave(&mut reps, t);
+        book.stop(&mut reps, t);
+        if book.done(next) {
+            break;
+        }
+        let rep = &mut reps[r];
+        rep.next = f64::INFINITY;
+        if !rep.sched.has_unfinished() {
             continue;
         }
-        let shape = StepShape::of(&plan);
+        rep.sched.schedule_into(t, &mut rep.plan);
+        if rep.plan.is_empty() {
+            let events = rep.sched.update(&rep.plan, &StepOutput::default(), t);
+            book.apply(&events, &reqs);
+            // Nothing to run now: look again when something happens.
+            let wake = upcoming(&book, next, &reqs).into_iter().chain(book.next_departure()).chain(book.next_retry()).reduce(f64::min);
+            reps[r].next = wake.map_or(f64::INFINITY, |w| w.max(t));
+            continue;
+        }
+        let shape = StepShape::of(&rep.plan);
         let dur = match &cfg.replay {
             Some(table) => table.sample(&shape, &mut rng),
             None => cfg.true_cost.predict(&shape) * noise.as_ref().map_or(1.0, |n| n.sample(&mut rng)),
         };
-        for s in &plan.seqs {
+        for s in &rep.plan.seqs {
             work[s.id as usize] += s.tokens.len();
         }
-        t += dur;
+        rep.step = Some((shape, dur));
+        rep.next = t + dur;
         steps += 1;
-        // Clients who left or stopped during the step never see its tokens.
-        book.leave(&mut sched, t);
-        book.stop(&mut sched, t);
-        out.sampled.clear();
-        out.sampled.extend(plan.seqs.iter().filter(|s| s.sample).map(|s| {
-            let i = s.id as usize;
-            let n = book.delivered[i];
-            let token = if n + 1 >= reqs[i].output_len { EOS } else { reqs[i].output_token(i, n) };
-            SampledToken { id: s.id, token, logprob: None, top_logprobs: Vec::new() }
-        }));
-        let events = sched.update(&plan, &out, t);
-        sched.observe_step(&shape, dur);
-        book.apply(&events, &reqs);
+    }
+    if book.done(next) && (book.closed || burst) {
+        window = book.span_window(t);
     }
     // Requests never sent have no record; those still unfinished are cut at the stop.
     let mut records = book.records;
     records.truncate(next);
     reqs.truncate(next);
     work.truncate(next);
+    let mut replica = book.home;
+    replica.truncate(next);
     for (i, r) in records.iter_mut().enumerate() {
         if !book.ended[i] {
             r.outcome = Outcome::Aborted;
@@ -611,7 +786,11 @@ pub fn run(cfg: &SimConfig, policy: Box<dyn Policy>, requests: &[SimRequest], mo
         }
     }
     let end = records.iter().map(|r| r.end).fold(start, f64::max);
-    Ok(SimResult { records, requests: reqs, work, counted, window, stats: sched.stats(), steps, start, end })
+    let mut stats = reps[0].sched.stats();
+    for rep in &reps[1..] {
+        stats.absorb(&rep.sched.stats());
+    }
+    Ok(SimResult { records, requests: reqs, work, replica, counted, window, stats, steps, start, end })
 }
 
 /// The engine's saturated throughput on a workload (evaluation.md, point 7's `Theta`).
@@ -699,6 +878,9 @@ pub struct SeedRun {
 pub struct SweepPoint {
     /// Policy name.
     pub policy: String,
+    /// The router in front of the replicas (`cfg.fleet.replicas` of them).
+    #[serde(default)]
+    pub router: Router,
     /// The load.
     pub load: Load,
     /// Offered request rate, per second (0 for a closed loop).
@@ -747,6 +929,9 @@ pub fn closed_loop_ceiling(clients: usize, mean_len: f64, theta: f64, params: &S
 pub struct SweepSpec<'a> {
     /// Policies, by name.
     pub policies: &'a [&'a str],
+    /// Routers in front of `cfg.fleet.replicas` replicas: every policy runs behind each (none:
+    /// `cfg.fleet.router`).
+    pub routers: &'a [Router],
     /// Loads.
     pub loads: &'a [Load],
     /// Requests per run.
@@ -769,11 +954,14 @@ pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> 
             Load::Rate(r) => r,
             Load::Clients(_) => f64::INFINITY,
         };
+        let routers = if spec.routers.is_empty() { std::slice::from_ref(&cfg.fleet.router) } else { spec.routers };
         let mut by_policy: Vec<SweepPoint> = spec
             .policies
             .iter()
-            .map(|p| SweepPoint {
+            .flat_map(|p| routers.iter().map(move |&router| (p, router)))
+            .map(|(p, router)| SweepPoint {
                 policy: p.to_string(),
+                router,
                 load,
                 rate: if rate.is_finite() { rate } else { 0.0 },
                 load_factor: if rate.is_finite() && sat.rate > 0.0 { rate / sat.rate } else { 0.0 },
@@ -785,14 +973,14 @@ pub fn sweep(cfg: &SimConfig, workload: &WorkloadSpec, spec: &SweepSpec<'_>) -> 
         for &seed in spec.seeds {
             let mut reqs = workload.generate(rate, spec.num_requests, seed);
             spec.client.apply(&mut reqs, seed, cfg.sched.max_model_len);
-            let run_cfg = SimConfig { seed, ..cfg.clone() };
             for point in &mut by_policy {
-                let Some(policy) = crate::policy::by_name(&point.policy) else { continue };
+                let run_cfg = SimConfig { seed, fleet: Fleet { router: point.router, ..cfg.fleet }, ..cfg.clone() };
+                let Some(policies) = (0..cfg.fleet.replicas.max(1)).map(|_| crate::policy::by_name(&point.policy)).collect() else { continue };
                 let mode = match load {
                     Load::Rate(_) => Mode::Open,
                     Load::Clients(clients) => Mode::Closed { clients },
                 };
-                let res = run(&run_cfg, policy, &reqs, mode)?;
+                let res = run_fleet(&run_cfg, policies, &reqs, mode)?;
                 let eval = res.evaluate(&cfg.sched.slo);
                 point.runs.push(SeedRun { seed, eval, ceiling: 0.0, ceiling_fraction: 0.0 });
             }
