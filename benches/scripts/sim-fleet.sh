@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Replicas behind a router, on paper: `pace sim` runs smooth and fcfs behind round-robin,
-# least-queue and predicted-wait routing at 4, 16 and 64 replicas of a preset (750 requests per
-# replica and run, loads 0.5-2x the fleet's saturation, seeds 1-3), one report per fleet size
-# under OUT/PRESET-rN, then prints the table of benefit per request sent that
-# docs/sim/fleet/README.md shows. Single-threaded; about 30 minutes for the three sizes on
+# least-queue, predicted-wait and headroom routing at 4, 16 and 64 replicas of a preset (250
+# requests per replica and run, loads 1, 1.5 and 2x the fleet's saturation, seeds 1-3), one
+# report per fleet size under OUT/PRESET-rN, then prints the table of benefit per request sent
+# that docs/sim/fleet/README.md shows. Single-threaded; about 30 minutes for the three sizes on
 # one core.
 #
 # usage: benches/scripts/sim-fleet.sh   (PACE, PRESET, OUT, REPLICAS override the defaults)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PACE=${PACE:-target/release/pace}
-PRESET=${PRESET:-h200-llama3-8b}
+PRESET=${PRESET:-cpu-smollm2}
 OUT=${OUT:-docs/sim/fleet}
 REPLICAS=${REPLICAS:-4 16 64}
 for n in $REPLICAS; do
-  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait \
-    --policies smooth,fcfs --num-requests $((750 * n)) --seeds 1,2,3 --out "$OUT/$PRESET-r$n" > /dev/null
+  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait,headroom \
+    --policies smooth,fcfs --num-requests $((250 * n)) --load-factors 1,1.5,2 --seeds 1,2,3 --out "$OUT/$PRESET-r$n" > /dev/null
   python3 benches/scripts/trim_plots.py "$OUT/$PRESET-r$n" 2>/dev/null || true
 done
 python3 - "$OUT" "$PRESET" $REPLICAS <<'PY'
