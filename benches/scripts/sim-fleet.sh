@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Replicas behind a router, on paper: `pace sim` runs smooth and fcfs behind round-robin,
-# least-queue, predicted-wait and headroom routing at 4, 16 and 64 replicas of a preset (250
-# requests per replica and run, loads 1, 1.5 and 2x the fleet's saturation, seeds 1-3), one
-# report per fleet size under OUT/PRESET-rN, then prints the table of benefit per request sent
-# that docs/sim/fleet/README.md shows. Single-threaded; about 30 minutes for the three sizes on
-# one core.
+# least-queue and predicted-wait routing at 4, 16 and 64 replicas of a preset (250 requests per
+# replica and run, loads 1, 1.5 and 2x the fleet's saturation, seeds 1-3), one report per fleet
+# size under OUT/PRESET-rN, then prints the table that docs/sim/fleet/README.md shows: benefit
+# per request sent behind round-robin and each other router's paired difference from it.
+# Single-threaded; about 8 minutes for the three sizes on this machine.
 #
 # usage: benches/scripts/sim-fleet.sh   (PACE, PRESET, OUT, REPLICAS override the defaults)
 set -euo pipefail
@@ -14,21 +14,35 @@ PRESET=${PRESET:-cpu-smollm2}
 OUT=${OUT:-docs/sim/fleet}
 REPLICAS=${REPLICAS:-4 16 64}
 for n in $REPLICAS; do
-  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait,headroom \
+  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait \
     --policies smooth,fcfs --num-requests $((250 * n)) --load-factors 1,1.5,2 --seeds 1,2,3 --out "$OUT/$PRESET-r$n" > /dev/null
   python3 benches/scripts/trim_plots.py "$OUT/$PRESET-r$n" 2>/dev/null || true
 done
 python3 - "$OUT" "$PRESET" $REPLICAS <<'PY'
-import json, sys
+# Per fleet size, policy and load: benefit per request sent behind round-robin (mean over the
+# seeds), and each other router's difference from it on the same seeds (mean and 95% interval
+# of the paired differences, Student's t).
+import json, math, statistics, sys
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 out, preset, sizes = sys.argv[1], sys.argv[2], sys.argv[3:]
-rows = {}
+points = {n: json.load(open(f"{out}/{preset}-r{n}/sweep.json"))["points"] for n in sizes}
+routers = list(dict.fromkeys(p["router"] for n in sizes for p in points[n]))
+print("| replicas | policy | load | round-robin | " + " | ".join(f"{r} - round-robin" for r in routers[1:]) + " |")
+print("|---|---|---|---|" + "---|" * (len(routers) - 1))
 for n in sizes:
-    for line in open(f"{out}/{preset}-r{n}/summary.jsonl"):
-        l = json.loads(line)
-        rows.setdefault((l["policy"], round(l["load_factor"], 2)), {})[n] = (l["benefit_per_request"], l["benefit_per_request_ci95"], l["rejected_frac"])
-print("| policy @ router | load | " + " | ".join(f"{n} replicas" for n in sizes) + " |")
-print("|---|---|" + "---|" * len(sizes))
-for (policy, load), by_n in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    cells = [f"{by_n[n][0]:.1f} ± {by_n[n][1]:.1f} ({100 * by_n[n][2]:.0f}% refused)" if n in by_n else "" for n in sizes]
-    print(f"| {policy} | {load}x | " + " | ".join(cells) + " |")
+    pts = points[n]
+    by = {(p["policy"], p["router"], round(p["load_factor"], 2)): {r["seed"]: r["eval"]["stats"]["benefit_per_request"] for r in p["runs"]} for p in pts}
+    keys = sorted({(k[0], k[2]) for k in by}, key=lambda k: (k[1], k[0] != "smooth"))
+    for policy, load in keys:
+        base = by[(policy, "round-robin", load)]
+        cells = [f"{statistics.mean(base.values()):.1f}"]
+        for r in routers[1:]:
+            other = by.get((policy, r, load))
+            if other is None:
+                cells.append("")
+                continue
+            d = [other[s] - base[s] for s in base if s in other]
+            half = T95.get(len(d) - 1, 1.96) * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+            cells.append(f"{statistics.mean(d):+.1f} ± {half:.1f}")
+        print(f"| {n} | {policy} | {load}x | " + " | ".join(cells) + " |")
 PY

@@ -102,10 +102,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub replicas: u16,
     /// How the router picks a replica for each request, comma separated to compare them (every
-    /// policy runs behind each): round-robin, least-queue (fewest requests running or waiting),
-    /// predicted-wait (pace's `/get_load` `predicted_wait_s`: the shortest predicted wait
-    /// before a new request starts, ties by the fewest requests) or headroom (`/get_load`'s
-    /// `admission_headroom`: the most requests it could still start with every reader fed).
+    /// policy runs behind each): round-robin, least-queue (fewest requests running or waiting)
+    /// or predicted-wait (pace's `/get_load` `predicted_wait_s`: the shortest predicted wait
+    /// before a new request starts, ties by the fewest requests).
     #[arg(long, value_delimiter = ',', default_value = "round-robin", value_parser = Router::parse)]
     pub routers: Vec<Router>,
     /// Write sweep.json, summary.jsonl, report.md and one SVG per metric here.

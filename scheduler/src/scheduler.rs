@@ -210,10 +210,6 @@ pub struct SchedulerStats {
     /// prefill steps (the routers' load signal, `/get_load`).
     #[serde(default)]
     pub predicted_wait_s: f64,
-    /// Requests that could still start now with every reader fed at its reading rate
-    /// ([`Scheduler::admission_headroom`]).
-    #[serde(default)]
-    pub admission_headroom: f64,
 }
 
 impl SchedulerStats {
@@ -245,7 +241,6 @@ impl SchedulerStats {
         self.queued_tokens += o.queued_tokens;
         self.running_tokens += o.running_tokens;
         self.predicted_wait_s = self.predicted_wait_s.min(o.predicted_wait_s);
-        self.admission_headroom += o.admission_headroom;
     }
 }
 
@@ -666,30 +661,6 @@ impl Scheduler {
         (self.queued_tokens + extra) as f64 / rate
     }
 
-    /// Requests of the running ones' mean context that could still start now with every reader,
-    /// theirs and the running ones', fed at its reading rate, within the batch's free places,
-    /// less the requests already waiting; 0 when none could (the routers' second load signal,
-    /// `/get_load`'s `admission_headroom`). A reader at `q` tok/s needs `q` decode steps a
-    /// second, each costing the step-cost model's per-sequence and per-KV-token terms, and the
-    /// fastest reader sets how many steps a second the batch runs (the base term).
-    pub fn admission_headroom(&self) -> f64 {
-        let c = self.cost.coeffs();
-        let q = self.cfg.slo.default_class.reading_rate;
-        let (mut q_max, mut load, mut context) = (q, 0.0, 0.0);
-        for r in self.running.iter().filter_map(|&s| self.slots[s].as_ref()) {
-            let (rate, ctx) = (r.class.reading_rate, r.tokens.len() as f64);
-            q_max = q_max.max(rate);
-            load += rate * (c.per_decode_seq_s + c.per_kv_token_s * ctx);
-            context += ctx;
-        }
-        let n = self.running.len();
-        let mean_context = if n > 0 { context / n as f64 } else { 0.0 };
-        let newcomer = q * (c.per_decode_seq_s + c.per_kv_token_s * mean_context);
-        let fed = ((1.0 - q_max * c.base_s - load) / newcomer.max(1e-12)).floor();
-        let places = self.cfg.max_num_seqs.saturating_sub(n) as f64;
-        (fed.min(places) - self.waiting.len() as f64).max(0.0)
-    }
-
     /// Requests in the running batch.
     pub fn num_running(&self) -> usize {
         self.running.len()
@@ -1034,7 +1005,6 @@ impl Scheduler {
             queued_tokens: self.queued_tokens,
             running_tokens: self.live().filter(|r| r.state == State::Running).map(|r| r.tokens.len()).sum(),
             predicted_wait_s: self.predicted_wait(0),
-            admission_headroom: self.admission_headroom(),
         }
     }
 }

@@ -63,8 +63,8 @@ fn four_replicas_carry_four_times_the_load_of_one() {
 }
 
 /// A long request holds one of two replicas; short ones keep arriving. While it runs,
-/// round-robin sends every other one to the busy replica; least-queue, predicted-wait and
-/// headroom send them all to the free one, and they start sooner there.
+/// round-robin sends every other one to the busy replica; least-queue and predicted-wait send
+/// them all to the free one, and they start sooner there.
 #[test]
 fn least_queue_and_predicted_wait_steer_around_a_busy_replica() {
     let (cfg, _) = cpu();
@@ -72,7 +72,7 @@ fn least_queue_and_predicted_wait_steer_around_a_busy_replica() {
     let mut reqs = vec![req(0.0, 1500, 300)];
     reqs.extend((0..20).map(|k| req(1.0 + 0.5 * k as f64, 20, 4)));
     let mut ttft = Vec::new();
-    for router in [Router::RoundRobin, Router::LeastQueue, Router::PredictedWait, Router::Headroom] {
+    for router in [Router::RoundRobin, Router::LeastQueue, Router::PredictedWait] {
         let res = run_fleet(&fleet(&cfg, 2, router), policies("fcfs", 2), &reqs, Mode::Open).unwrap();
         assert!(res.records.iter().all(|r| r.outcome == Outcome::Completed), "{router:?}");
         let (busy, until) = (res.replica[0], res.records[0].end);
@@ -87,7 +87,7 @@ fn least_queue_and_predicted_wait_steer_around_a_busy_replica() {
         }
         ttft.push(first);
     }
-    assert!(ttft[1..].iter().all(|&t| t < ttft[0]), "{ttft:?}");
+    assert!(ttft[1] < ttft[0] && ttft[2] < ttft[0], "{ttft:?}");
 }
 
 /// One replica behind any router is one server: the router changes nothing.
@@ -103,5 +103,4 @@ fn one_replica_is_the_same_behind_every_router() {
     let base = run(Router::RoundRobin);
     assert_eq!(run(Router::LeastQueue), base);
     assert_eq!(run(Router::PredictedWait), base);
-    assert_eq!(run(Router::Headroom), base);
 }

@@ -543,32 +543,3 @@ fn smooth_admits_on_an_engine_emptied_by_a_disconnect() {
     let now = h.now + 1.0;
     h.add(request(3, 4, 30, now)).expect("admitted after a finish");
 }
-
-/// The admission headroom counts the streams that could still start with every reader fed at its
-/// reading rate, within the free places, less the waiting ones: 1 - q * base of the machine's
-/// time is left for readers, each needs q * (per decode + per KV token * context) of it.
-#[test]
-fn admission_headroom_is_the_readers_the_machine_can_still_feed() {
-    let mut cfg = SchedulerConfig { max_num_seqs: 200, max_batch_tokens: 512, max_model_len: 256, num_kv_blocks: 2000, ..small_cfg() };
-    cfg.cost_prior = pace_scheduler::CostCoeffs { base_s: 0.01, per_prefill_token_s: 1e-4, per_decode_seq_s: 0.002, per_kv_token_s: 0.0, per_attn_pair_s: 0.0 };
-    let q = cfg.slo.default_class.reading_rate;
-    let fed = |running: f64| ((1.0 - q * 0.01 - running * q * 0.002) / (q * 0.002)).floor();
-    let mut h = Harness::new(cfg.clone(), "fcfs");
-    assert_eq!(h.sched.admission_headroom(), fed(0.0).min(200.0));
-    for id in 0..10 {
-        h.add(request(id, 8, 50, 0.0)).unwrap();
-    }
-    h.step(0.01);
-    assert_eq!(h.sched.stats().running, 10);
-    assert_eq!(h.sched.admission_headroom(), fed(10.0).min(190.0));
-    for id in 10..13 {
-        h.add(request(id, 8, 50, h.now)).unwrap();
-    }
-    assert_eq!(h.sched.admission_headroom(), fed(10.0).min(190.0) - 3.0);
-    assert_eq!(h.sched.stats().admission_headroom, h.sched.admission_headroom());
-    // Places bind before the machine does.
-    let mut h = Harness::new(SchedulerConfig { max_num_seqs: 4, ..cfg }, "fcfs");
-    h.add(request(0, 8, 50, 0.0)).unwrap();
-    h.step(0.01);
-    assert_eq!(h.sched.admission_headroom(), 3.0);
-}

@@ -484,16 +484,12 @@ pub enum Router {
     /// `pace_predicted_wait_seconds`, `/get_load`'s `predicted_wait_s`), ties by the fewest
     /// requests.
     PredictedWait,
-    /// The most admission headroom (pace's `pace_admission_headroom`, `/get_load`'s
-    /// `admission_headroom`: requests it could still start with every reader fed), ties by the
-    /// shortest predicted wait, then the fewest requests.
-    Headroom,
 }
 
 impl Router {
     /// Every router, by its `--router` name.
-    pub const ALL: [(&'static str, Router); 4] =
-        [("round-robin", Router::RoundRobin), ("least-queue", Router::LeastQueue), ("predicted-wait", Router::PredictedWait), ("headroom", Router::Headroom)];
+    pub const ALL: [(&'static str, Router); 3] =
+        [("round-robin", Router::RoundRobin), ("least-queue", Router::LeastQueue), ("predicted-wait", Router::PredictedWait)];
 
     /// Its `--router` name.
     pub fn name(self) -> &'static str {
@@ -549,11 +545,6 @@ impl Replica {
         self.sched.num_running() + self.sched.num_waiting() + self.retries_in.len() + self.arrivals_in.len()
     }
 
-    /// Requests it could still start with every reader fed, less those on their way.
-    fn headroom(&self) -> f64 {
-        (self.sched.admission_headroom() - (self.retries_in.len() + self.arrivals_in.len()) as f64).max(0.0)
-    }
-
     /// Seconds until a request routed now would start.
     fn predicted_wait(&self, reqs: &[SimRequest]) -> f64 {
         self.sched.predicted_wait(self.inbox().map(|i| reqs[i].prompt_len).sum())
@@ -584,10 +575,6 @@ fn route(router: Router, turn: &mut usize, reps: &[Replica], reqs: &[SimRequest]
         Router::PredictedWait => {
             order.map(|r| (r, reps[r].predicted_wait(reqs), reps[r].queue())).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2))).map_or(0, |(r, ..)| r)
         }
-        Router::Headroom => order
-            .map(|r| (r, reps[r].headroom(), reps[r].predicted_wait(reqs), reps[r].queue()))
-            .min_by(|a, b| b.1.total_cmp(&a.1).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)))
-            .map_or(0, |(r, ..)| r),
     }
 }
 

@@ -65,8 +65,6 @@ pub struct EngineGauges {
     pub running_tokens: AtomicUsize,
     /// Seconds until a request arriving now would start, in microseconds.
     pub predicted_wait_us: AtomicU64,
-    /// Requests that could still start now with every reader fed at its reading rate.
-    pub admission_headroom: AtomicUsize,
     /// Requests the engine has finished, for any reason.
     pub finished: AtomicU64,
     /// Steps that failed in a row.
@@ -367,7 +365,6 @@ impl EngineLoop {
         self.gauges.queued_tokens.store(s.queued_tokens, Ordering::Relaxed);
         self.gauges.running_tokens.store(s.running_tokens, Ordering::Relaxed);
         self.gauges.predicted_wait_us.store((s.predicted_wait_s * 1e6).min(u64::MAX as f64) as u64, Ordering::Relaxed);
-        self.gauges.admission_headroom.store(s.admission_headroom as usize, Ordering::Relaxed);
         let f = &s.finished;
         self.gauges.finished.store(f.stop + f.length + f.abort + f.dropped + f.error, Ordering::Relaxed);
         self.gauges.consecutive_failures.store(self.core.consecutive_failures(), Ordering::Relaxed);

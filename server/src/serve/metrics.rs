@@ -277,10 +277,6 @@ fn describe() {
         "Seconds until a request arriving now would start: the prompt tokens queued, at full prefill steps (the load routers read, /get_load)."
     );
     describe_gauge!(
-        "pace_admission_headroom",
-        "Requests that could still start now with every reader, theirs and the running ones', fed at its reading rate, within the batch's free places, less those waiting (/get_load's admission_headroom)."
-    );
-    describe_gauge!(
         "pace_sustained_overload",
         "smooth: 1 while its door judges the overload sustained: over its window (60 s) more new requests arrived than ran to their ends (closed-loop clients answering an end are not new demand); it then refuses requests that would wait behind others for more than a small share of their value. Else 0."
     );
@@ -397,7 +393,6 @@ pub fn publish_engine(s: &SchedulerStats) {
     gauge!("pace_num_requests_running").set(s.running as f64);
     gauge!("pace_num_requests_waiting").set(s.waiting as f64);
     gauge!("pace_predicted_wait_seconds").set(s.predicted_wait_s);
-    gauge!("pace_admission_headroom").set(s.admission_headroom);
     let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
     gauge!("pace_kv_cache_usage_perc").set(usage);
     counter!("pace_num_preemptions_total").absolute(s.preemptions);

@@ -26,7 +26,7 @@ pub struct LoadQuery {
 /// `GET /get_load`, in the shape `--load-format` (or `?format=`) names: SGLang's,
 /// `[{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}]` (the gateway's `power_of_two`
 /// sends to the replica with fewer `num_tokens`, summed over the list) with pace's
-/// `predicted_wait_s` and `admission_headroom` added, or vLLM's `{"load": N}`, N the requests running and waiting.
+/// `predicted_wait_s` added, or vLLM's `{"load": N}`, N the requests running and waiting.
 /// `num_tokens` is the work on the replica in tokens: the prompt tokens still to prefill and
 /// the tokens the running requests hold.
 pub async fn get_load(State(state): State<Arc<AppState>>, Query(q): Query<LoadQuery>) -> Result<Response, ApiError> {
@@ -47,7 +47,6 @@ pub async fn get_load(State(state): State<Arc<AppState>>, Query(q): Query<LoadQu
             "num_waiting_reqs": waiting,
             "num_tokens": tokens,
             "predicted_wait_s": wait,
-            "admission_headroom": g.admission_headroom.load(Ordering::Relaxed),
         }]))
         .into_response()),
         LoadFormat::Vllm => Ok(axum::Json(json!({"load": running + waiting})).into_response()),
