@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Replicas behind a router, on paper: `pace sim` runs smooth and fcfs behind round-robin,
-# least-queue and predicted-wait routing at 4, 16 and 64 replicas of a preset (250 requests per
-# replica and run, loads 1, 1.5 and 2x the fleet's saturation, seeds 1-3), one report per fleet
-# size under OUT/PRESET-rN, then prints the table that docs/sim/fleet/README.md shows: benefit
-# per request sent behind round-robin and each other router's paired difference from it.
-# Single-threaded; about 8 minutes for the three sizes on this machine.
+# Replicas behind a router, on paper. `pace sim` runs smooth and fcfs behind round-robin,
+# least-queue, predicted-wait and least-tokens routing (routers that see the replicas exactly)
+# at 4, 16 and 64 replicas of a preset (250 requests per replica and run, loads 1, 1.5 and 2x
+# the fleet's saturation, seeds 1-3), one report per fleet size under OUT/PRESET-rN, and prints
+# the table that docs/sim/fleet/README.md shows: benefit per request sent behind round-robin and
+# each other router's paired difference from it. Then the shape of the real two-replica check
+# (benches/scripts/fleet-routers-real.sh: AIPerf's ISL 256 / OSL 128, Poisson, no patience, two
+# replicas, fcfs) with routers that see exactly and that poll every second, as SGLang's gateway
+# did there (OUT/PRESET-r2-poll0, -poll1). Single-threaded; about 12 minutes on this machine.
 #
 # usage: benches/scripts/sim-fleet.sh   (PACE, PRESET, OUT, REPLICAS override the defaults)
 set -euo pipefail
@@ -14,9 +17,16 @@ PRESET=${PRESET:-cpu-smollm2}
 OUT=${OUT:-docs/sim/fleet}
 REPLICAS=${REPLICAS:-4 16 64}
 for n in $REPLICAS; do
-  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait \
+  "$PACE" sim --preset "$PRESET" --replicas "$n" --routers round-robin,least-queue,predicted-wait,least-tokens \
     --policies smooth,fcfs --num-requests $((250 * n)) --load-factors 1,1.5,2 --seeds 1,2,3 --out "$OUT/$PRESET-r$n" > /dev/null
   python3 benches/scripts/trim_plots.py "$OUT/$PRESET-r$n" 2>/dev/null || true
+done
+for poll in 0 1; do
+  "$PACE" sim --preset "$PRESET" --replicas 2 --routers round-robin,least-queue,least-tokens --router-poll "$poll" --policies fcfs \
+    --input-len 256 --output-len 128 --max-tokens-rule exact --patience none --reading-rates none --stop-fraction 0 \
+    --retries none --arrivals poisson --load-factors 0.7,0.9 --num-requests 600 --seeds 1,2,3,4,5 \
+    --out "$OUT/$PRESET-r2-poll$poll" > /dev/null
+  python3 benches/scripts/trim_plots.py "$OUT/$PRESET-r2-poll$poll" 2>/dev/null || true
 done
 python3 - "$OUT" "$PRESET" $REPLICAS <<'PY'
 # Per fleet size, policy and load: benefit per request sent behind round-robin (mean over the

@@ -102,11 +102,16 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub replicas: u16,
     /// How the router picks a replica for each request, comma separated to compare them (every
-    /// policy runs behind each): round-robin, least-queue (fewest requests running or waiting)
-    /// or predicted-wait (pace's `/get_load` `predicted_wait_s`: the shortest predicted wait
-    /// before a new request starts, ties by the fewest requests).
+    /// policy runs behind each): round-robin, least-queue (fewest requests running or
+    /// waiting), predicted-wait (pace's `/get_load` `predicted_wait_s`: the shortest predicted
+    /// wait before a new request starts, ties by the fewest requests) or least-tokens
+    /// (`/get_load`'s `num_tokens`, what SGLang's `power_of_two` compares).
     #[arg(long, value_delimiter = ',', default_value = "round-robin", value_parser = Router::parse)]
     pub routers: Vec<Router>,
+    /// Seconds between the router's polls of the replicas' load; between polls it routes by
+    /// what it saw last, as real routers do (0: it sees them exactly at every request).
+    #[arg(long, default_value_t = 0.0)]
+    pub router_poll: f64,
     /// Write sweep.json, summary.jsonl, report.md and one SVG per metric here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -569,7 +574,10 @@ pub fn run(args: &SimArgs) -> Result<()> {
     let one = saturation(&cfg, &workload, &client, 0, seeds[0]);
     let n = f64::from(args.replicas);
     let sat = Saturation { rate: one.rate * n, output_tps: one.output_tps * n };
-    cfg.fleet = Fleet { replicas: usize::from(args.replicas), router: args.routers.first().copied().unwrap_or_default() };
+    if !(args.router_poll >= 0.0 && args.router_poll.is_finite()) {
+        bail!("--router-poll must be a finite number of seconds >= 0");
+    }
+    cfg.fleet = Fleet { replicas: usize::from(args.replicas), router: args.routers.first().copied().unwrap_or_default(), poll_s: args.router_poll };
     let loads: Vec<Load> = match (&args.clients, &args.rates) {
         (Some(c), _) => {
             if c.contains(&0) {
@@ -616,7 +624,12 @@ fn describe(name: &str, args: &SimArgs, cfg: &SimConfig, workload: &pace_schedul
         "preset {name}{} | saturation ~{:.2} req/s, {:.0} output tok/s | {} requests per run, seeds {:?}, window {}..{} of the arrivals | \
          mean {} {mean_in:.0}, mean true output {mean_out:.0} tokens, max_tokens {}, patience {}, reading rates {}, stop fraction {}, retries {}, arrivals {} | step times {}, prior error {} | \
          q={} tok/s g={} ms alpha={} f={} | goodput SLO \"{}\"{} | {} KV blocks of {} tokens{}",
-        if args.replicas > 1 { format!(" x {} replicas behind a router (saturation scaled)", args.replicas) } else { String::new() },
+        if args.replicas > 1 {
+            let poll = if args.router_poll > 0.0 { format!(", polled every {} s", args.router_poll) } else { String::new() };
+            format!(" x {} replicas behind a router{poll} (saturation scaled)", args.replicas)
+        } else {
+            String::new()
+        },
         sat.rate,
         sat.output_tps,
         args.num_requests,
@@ -1067,6 +1080,7 @@ mod tests {
             ["--priority-mix", "1.5:-2"],
             ["--priority-mix", "0.2:11"],
             ["--priority-mix", "0.2"],
+            ["--router-poll", "nan"],
         ] {
             let cli = Cli::try_parse_from(["sim", "--preset", "cpu-smollm2", bad[0], bad[1], "--num-requests", "10"]).unwrap();
             assert!(run(&cli.sim).is_err(), "{bad:?}");

@@ -661,6 +661,12 @@ impl Scheduler {
         (self.queued_tokens + extra) as f64 / rate
     }
 
+    /// Tokens of work: the prompt tokens still to prefill plus the tokens the running requests
+    /// hold (`/get_load`'s `num_tokens`).
+    pub fn num_tokens(&self) -> usize {
+        self.queued_tokens + self.running.iter().filter_map(|&s| self.slots[s].as_ref()).map(|r| r.tokens.len()).sum::<usize>()
+    }
+
     /// Requests in the running batch.
     pub fn num_running(&self) -> usize {
         self.running.len()

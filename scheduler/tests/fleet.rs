@@ -12,7 +12,7 @@ fn cpu() -> (SimConfig, pace_scheduler::sim::Preset) {
 }
 
 fn fleet(cfg: &SimConfig, replicas: usize, router: Router) -> SimConfig {
-    SimConfig { fleet: Fleet { replicas, router }, ..cfg.clone() }
+    SimConfig { fleet: Fleet { replicas, router, ..Fleet::default() }, ..cfg.clone() }
 }
 
 fn policies(name: &str, n: usize) -> Vec<Box<dyn pace_scheduler::policy::Policy>> {
@@ -103,4 +103,31 @@ fn one_replica_is_the_same_behind_every_router() {
     let base = run(Router::RoundRobin);
     assert_eq!(run(Router::LeastQueue), base);
     assert_eq!(run(Router::PredictedWait), base);
+}
+
+/// A router that polls routes by what it saw at its last poll: requests that arrive between
+/// two polls all go to the replica that looked least loaded then (herding), where a router that
+/// sees the replicas exactly spreads them as their queues grow.
+#[test]
+fn a_polling_router_herds_between_polls() {
+    let (cfg, _) = cpu();
+    let cfg = SimConfig { warmup_fraction: 0.0, window_end_fraction: 1.0, ..cfg };
+    // One long request, then ten answers of 50 tokens, 0.1 s apart, from t = 1.05 s.
+    let mut reqs = vec![req(0.0, 200, 400)];
+    reqs.extend((0..10).map(|k| req(1.05 + 0.1 * k as f64, 20, 50)));
+    for router in [Router::LeastQueue, Router::LeastTokens] {
+        let most = |poll_s: f64| {
+            let cfg = SimConfig { fleet: Fleet { replicas: 2, router, poll_s }, ..cfg.clone() };
+            let res = run_fleet(&cfg, policies("fcfs", 2), &reqs, Mode::Open).unwrap();
+            assert!(res.records.iter().all(|r| r.outcome == Outcome::Completed));
+            let on_first = res.replica[1..].iter().filter(|&&r| r == res.replica[1]).count();
+            on_first.max(10 - on_first)
+        };
+        let (exact, polled) = (most(0.0), most(1.0));
+        eprintln!("{}: busiest replica got {exact} of 10 seeing exactly, {polled} polling every second", router.name());
+        assert_eq!(polled, 10, "{router:?}");
+        // Seeing exactly, the count spreads them once the free replica has a queue (the tokens
+        // do not: the long request outweighs all ten).
+        assert!(router != Router::LeastQueue || exact < 10, "{router:?}");
+    }
 }

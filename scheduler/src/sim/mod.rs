@@ -484,12 +484,19 @@ pub enum Router {
     /// `pace_predicted_wait_seconds`, `/get_load`'s `predicted_wait_s`), ties by the fewest
     /// requests.
     PredictedWait,
+    /// The fewest tokens of work: prompt tokens still to prefill plus the tokens the running
+    /// requests hold (`/get_load`'s `num_tokens`, what SGLang's `power_of_two` compares).
+    LeastTokens,
 }
 
 impl Router {
     /// Every router, by its `--router` name.
-    pub const ALL: [(&'static str, Router); 3] =
-        [("round-robin", Router::RoundRobin), ("least-queue", Router::LeastQueue), ("predicted-wait", Router::PredictedWait)];
+    pub const ALL: [(&'static str, Router); 4] = [
+        ("round-robin", Router::RoundRobin),
+        ("least-queue", Router::LeastQueue),
+        ("predicted-wait", Router::PredictedWait),
+        ("least-tokens", Router::LeastTokens),
+    ];
 
     /// Its `--router` name.
     pub fn name(self) -> &'static str {
@@ -506,17 +513,64 @@ impl Router {
 }
 
 /// Identical replicas behind one router.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Fleet {
     /// Replicas (1: one server, no router).
     pub replicas: usize,
     /// How requests are spread over them.
     pub router: Router,
+    /// Seconds between the router's polls of the replicas' load (0: it sees them exactly at
+    /// every request). Between polls it routes by what it last saw, as real routers do (SGLang's
+    /// gateway polls `/get_load` every `--worker-startup-check-interval`).
+    #[serde(default)]
+    pub poll_s: f64,
 }
 
 impl Default for Fleet {
     fn default() -> Self {
-        Self { replicas: 1, router: Router::RoundRobin }
+        Self { replicas: 1, router: Router::RoundRobin, poll_s: 0.0 }
+    }
+}
+
+/// A replica's load as the router sees it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    queue: usize,
+    wait: f64,
+    tokens: usize,
+}
+
+/// The router: its turn (ties go round) and, when it polls, what it saw last.
+struct RouterState {
+    fleet: Fleet,
+    turn: usize,
+    next_poll: f64,
+    seen: Vec<Seen>,
+}
+
+impl RouterState {
+    /// The replica the router picks at `now`.
+    fn route(&mut self, now: f64, reps: &[Replica], reqs: &[SimRequest]) -> usize {
+        let n = reps.len();
+        let first = self.turn % n;
+        self.turn += 1;
+        let router = self.fleet.router;
+        if router == Router::RoundRobin {
+            return first;
+        }
+        if self.fleet.poll_s <= 0.0 || now >= self.next_poll || self.seen.len() != n {
+            self.seen = reps.iter().map(|r| r.seen(router, reqs)).collect();
+            self.next_poll = now + self.fleet.poll_s;
+        }
+        let seen = &self.seen;
+        let order = (0..n).map(|k| (first + k) % n);
+        match router {
+            Router::RoundRobin => Some(first),
+            Router::LeastQueue => order.min_by_key(|&r| seen[r].queue),
+            Router::PredictedWait => order.min_by(|&a, &b| seen[a].wait.total_cmp(&seen[b].wait).then(seen[a].queue.cmp(&seen[b].queue))),
+            Router::LeastTokens => order.min_by_key(|&r| seen[r].tokens),
+        }
+        .unwrap_or(first)
     }
 }
 
@@ -550,6 +604,14 @@ impl Replica {
         self.sched.predicted_wait(self.inbox().map(|i| reqs[i].prompt_len).sum())
     }
 
+    /// Its load as a router reads it (the tokens only for a router that reads them: they cost a
+    /// walk over the running requests).
+    fn seen(&self, router: Router, reqs: &[SimRequest]) -> Seen {
+        let inbox_tokens: usize = self.inbox().map(|i| reqs[i].prompt_len).sum();
+        let tokens = if router == Router::LeastTokens { self.sched.num_tokens() + inbox_tokens } else { 0 };
+        Seen { queue: self.queue(), wait: self.predicted_wait(reqs), tokens }
+    }
+
     /// Routes request `i` here at `at` (the run's clock is `now`): an idle replica wakes.
     fn receive(&mut self, i: usize, at: f64, retry: bool, now: f64) {
         if retry {
@@ -559,21 +621,6 @@ impl Replica {
         }
         if self.step.is_none() {
             self.next = self.next.min(at.max(now));
-        }
-    }
-}
-
-/// The replica `router` picks; `turn` counts the requests routed, so ties go round.
-fn route(router: Router, turn: &mut usize, reps: &[Replica], reqs: &[SimRequest]) -> usize {
-    let n = reps.len();
-    let first = *turn % n;
-    *turn += 1;
-    let order = (0..n).map(|k| (first + k) % n);
-    match router {
-        Router::RoundRobin => first,
-        Router::LeastQueue => order.min_by_key(|&r| reps[r].queue()).unwrap_or(0),
-        Router::PredictedWait => {
-            order.map(|r| (r, reps[r].predicted_wait(reqs), reps[r].queue())).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2))).map_or(0, |(r, ..)| r)
         }
     }
 }
@@ -667,7 +714,7 @@ pub fn run_fleet(cfg: &SimConfig, policies: Vec<Box<dyn Policy>>, requests: &[Si
     let start = t;
     let mut next = 0;
     let mut steps = 0;
-    let mut turn = 0;
+    let mut router = RouterState { fleet: cfg.fleet, turn: 0, next_poll: f64::NEG_INFINITY, seen: Vec::new() };
     let mut out = StepOutput::default();
     let upcoming = |book: &Book, next: usize, reqs: &[SimRequest]| -> Option<f64> {
         match mode {
@@ -700,7 +747,7 @@ pub fn run_fleet(cfg: &SimConfig, policies: Vec<Box<dyn Policy>>, requests: &[Si
                     book.records[next - 1].end = at;
                     next - 1
                 };
-                let to = route(cfg.fleet.router, &mut turn, &reps, &reqs);
+                let to = router.route(t, &reps, &reqs);
                 book.home[i] = to;
                 reps[to].receive(i, at, retry, t);
                 continue;
