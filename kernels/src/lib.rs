@@ -24,6 +24,7 @@ pub mod device;
 pub mod elementwise;
 pub mod graph;
 pub mod quant;
+pub mod roofline;
 pub mod sample;
 #[cfg(target_arch = "x86_64")]
 mod simd;

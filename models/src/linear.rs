@@ -30,6 +30,20 @@ impl std::fmt::Debug for Linear {
 }
 
 impl Linear {
+    /// Weights (elements) and the bytes they are stored in: what one pass over the layer reads.
+    pub fn footprint(&self) -> (u64, u64) {
+        let elems = (self.out_features() * self.in_features()) as u64;
+        let bytes = match self {
+            Self::Quant(q) => q.size_in_bytes(),
+            Self::CandleQuant(m, ..) => match &**m {
+                QMatMul::QTensor(t) => t.storage_size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            },
+            Self::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        };
+        (elems, bytes as u64)
+    }
+
     /// Output features.
     pub fn out_features(&self) -> usize {
         match self {
@@ -103,6 +117,11 @@ impl FusedLinear {
             Some(f) => Ok(Self { fused: Some(f), parts: Vec::new(), sizes }),
             None => Ok(Self { fused: None, parts, sizes }),
         }
+    }
+
+    /// Weights and bytes of every part ([`Linear::footprint`]).
+    pub fn footprint(&self) -> (u64, u64) {
+        self.fused.iter().chain(&self.parts).map(Linear::footprint).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// Applies every part to `x` and returns the outputs side by side, `tokens x sum(out)`.

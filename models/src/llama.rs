@@ -111,6 +111,15 @@ impl Llama {
         Ok(Self { cfg: cfg.clone(), embed, blocks, norm, lm_head, cos: table(cos)?, sin: table(sin)?, device, dtype, max_positions })
     }
 
+    /// The matmul weights a token passes through (every block's projections and the output
+    /// head): elements and stored bytes. A batch-1 decode step reads all of them once; a
+    /// prefill token costs two operations per element.
+    pub fn matmul_footprint(&self) -> (u64, u64) {
+        let add = |a: (u64, u64), b: (u64, u64)| (a.0 + b.0, a.1 + b.1);
+        let blocks = self.blocks.iter().map(|b| add(add(b.qkv.footprint(), b.o.footprint()), add(b.gate_up.footprint(), b.down.footprint())));
+        blocks.fold(self.lm_head.footprint(), add)
+    }
+
     /// Hyper-parameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg

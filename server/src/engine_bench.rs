@@ -9,6 +9,13 @@
 //!   (from the last stream's first token to the first stream's last token).
 //!
 //! Prompts are random token ids (never repeated across runs of one invocation).
+//!
+//! With `--roofline` it first measures the machine's limits
+//! ([`pace_kernels::roofline`]: memory bandwidth with 1 and `--threads` threads, the f32 FMA and
+//! int8 dot peaks) and prints each figure as a fraction of its limit: batch-1 decode against
+//! the matmul weights' bytes (read once a token) over the bandwidth, prefill against the matmul
+//! weights' multiply-adds per token over the int8 dot peak (the kernels' inner loop; attention
+//! and the per-block scaling are not counted, so the limit is a little high).
 
 use std::time::Instant;
 
@@ -47,6 +54,48 @@ pub struct EngineBenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Measure the machine's limits first (memory bandwidth by a STREAM triad, f32 FMA and
+    /// int8 dot peaks) and print decode and prefill as fractions of them.
+    #[arg(long)]
+    pub roofline: bool,
+}
+
+/// The machine's limits and the model's matmul footprint.
+struct Roofline {
+    /// Bytes a second with one thread and with `--threads`.
+    bandwidth_1: f64,
+    bandwidth: f64,
+    /// FLOP/s and int8 multiply-adds a second with `--threads` (None without AVX2).
+    fma: Option<f64>,
+    int8: Option<f64>,
+    /// Matmul weights (elements) and their bytes.
+    params: u64,
+    bytes: u64,
+}
+
+impl Roofline {
+    fn measure(threads: usize, params: u64, bytes: u64) -> Self {
+        use pace_kernels::roofline::{fma_peak, int8_dot_peak, triad_bandwidth};
+        // 256 MiB an array: 768 MiB touched a pass, far beyond any last-level cache.
+        Roofline {
+            bandwidth_1: triad_bandwidth(1, 256, 5),
+            bandwidth: triad_bandwidth(threads, 256, 5),
+            fma: fma_peak(threads),
+            int8: int8_dot_peak(threads),
+            params,
+            bytes,
+        }
+    }
+
+    /// Batch-1 decode tokens a second if every token only read the matmul weights once.
+    fn decode_limit(&self) -> f64 {
+        self.bandwidth / self.bytes.max(1) as f64
+    }
+
+    /// Prefill tokens a second at the int8 dot peak (one multiply-add per weight and token).
+    fn prefill_limit(&self) -> Option<f64> {
+        self.int8.map(|p| p / self.params.max(1) as f64)
+    }
 }
 
 struct Bench {
@@ -113,6 +162,10 @@ pub fn peak_rss_bytes() -> u64 {
 pub fn run(args: &EngineBenchArgs) -> Result<()> {
     let loaded = args.engine.load()?;
     let vocab = loaded.tokenizer.vocab_size() as u32;
+    let roofline = args.roofline.then(|| {
+        let (params, bytes) = loaded.model.matmul_footprint();
+        Roofline::measure(rayon::current_num_threads(), params, bytes)
+    });
     let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
     let mut engine_args = args.engine.clone();
     engine_args.max_num_seqs = engine_args.max_num_seqs.max(max_conc);
@@ -149,11 +202,16 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
     let rss = peak_rss_bytes();
     if args.json {
         let agg_json: serde_json::Map<String, serde_json::Value> = agg.iter().map(|(n, v)| (n.to_string(), serde_json::json!(v))).collect();
-        println!(
-            "{}",
-            serde_json::json!({ "prefill_tok_s": pp, "prompt_len": args.prompt_len, "decode_tok_s": tg, "gen": args.gen,
-                "aggregate_decode_tok_s": agg_json, "context": args.context, "peak_rss_bytes": rss })
-        );
+        let mut out = serde_json::json!({ "prefill_tok_s": pp, "prompt_len": args.prompt_len, "decode_tok_s": tg, "gen": args.gen,
+            "aggregate_decode_tok_s": agg_json, "context": args.context, "peak_rss_bytes": rss });
+        if let Some(r) = &roofline {
+            out["roofline"] = serde_json::json!({
+                "bandwidth_1_thread_bytes_s": r.bandwidth_1, "bandwidth_bytes_s": r.bandwidth, "fma_flop_s": r.fma, "int8_mac_s": r.int8,
+                "matmul_params": r.params, "matmul_bytes": r.bytes, "decode_limit_tok_s": r.decode_limit(), "prefill_limit_tok_s": r.prefill_limit(),
+                "decode_fraction": tg / r.decode_limit(), "prefill_fraction": r.prefill_limit().map(|l| pp / l),
+            });
+        }
+        println!("{out}");
     } else {
         println!("| test | pace tok/s |\n|---|---|");
         println!("| prefill, {}-token prompt | {pp:.1} |", args.prompt_len);
@@ -162,6 +220,24 @@ pub fn run(args: &EngineBenchArgs) -> Result<()> {
             println!("| aggregate decode, {n} streams x {}-token context | {v:.1} |", args.context);
         }
         println!("| peak RSS | {:.0} MiB |", rss as f64 / (1 << 20) as f64);
+        if let Some(r) = &roofline {
+            let g = |v: Option<f64>| v.map_or("n/a (no AVX2)".to_string(), |v| format!("{:.1}", v / 1e9));
+            println!("\n| limit | measured |\n|---|---|");
+            println!(
+                "| memory bandwidth, 1 thread / {} threads (GB/s) | {:.1} / {:.1} |",
+                rayon::current_num_threads(),
+                r.bandwidth_1 / 1e9,
+                r.bandwidth / 1e9
+            );
+            println!("| f32 FMA peak (GFLOP/s) | {} |", g(r.fma));
+            println!("| int8 dot peak (G multiply-adds/s) | {} |", g(r.int8));
+            println!("| matmul weights | {:.1} M, {:.1} MiB |", r.params as f64 / 1e6, r.bytes as f64 / (1 << 20) as f64);
+            println!("\n| figure | pace | limit | fraction |\n|---|---|---|---|");
+            println!("| decode, one stream (tok/s) | {tg:.1} | {:.1} (bandwidth / weight bytes) | {:.2} |", r.decode_limit(), tg / r.decode_limit());
+            if let Some(l) = r.prefill_limit() {
+                println!("| prefill, {}-token prompt (tok/s) | {pp:.1} | {l:.1} (int8 dot peak / weights) | {:.2} |", args.prompt_len, pp / l);
+            }
+        }
     }
     Ok(())
 }
