@@ -214,7 +214,8 @@ pub struct SchedulerStats {
 
 impl SchedulerStats {
     /// Adds another replica's counters and gauges to these (a fleet's total; the largest idle
-    /// latency is the largest of the two).
+    /// latency is the larger of the two, the predicted wait the shorter: where a router would
+    /// send the next request).
     pub fn absorb(&mut self, o: &Self) {
         self.running += o.running;
         self.waiting += o.waiting;
@@ -650,10 +651,9 @@ impl Scheduler {
         }
     }
 
-    /// Seconds to prefill the waiting queue at full steps: the Retry-After of a full queue.
     /// Seconds until a request arriving now would start, with `extra` prompt tokens more
-    /// queued: the queued prompt tokens at full prefill steps (the routers' load signal,
-    /// `/get_load`'s `predicted_wait_s`).
+    /// queued: the queued prompt tokens at full prefill steps (the Retry-After of a full queue,
+    /// and the routers' load signal, `/get_load`'s `predicted_wait_s`).
     pub fn predicted_wait(&self, extra: usize) -> f64 {
         let mut full = StepShape::default();
         full.add_slice(0, self.cfg.max_batch_tokens.max(2));
